@@ -1,0 +1,112 @@
+"""The model runtime interface: what the engine needs from a backend, and nothing more.
+
+A runtime holds one model and one KV cache with room for ``max_sequences`` independent sequences. The engine
+owns all token accounting; the runtime only appends tokens at positions it is told, returns logits rows, and
+truncates or frees a sequence's cache. That keeps rollback of rejected draft tokens a single ``truncate``.
+
+llama.cpp implements it today (:mod:`specserve.backends.llama_cpp`); a PyTorch/GPU backend only has to
+implement the same methods.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+
+class BackendError(Exception):
+    """A backend failure with a one-line message for the user (bad model file, decode failure)."""
+
+
+class ModelLoadError(BackendError):
+    """The model file is missing, truncated, not a GGUF model, or could not be loaded."""
+
+
+class DecodeError(BackendError):
+    """The runtime could not evaluate a batch (for example the KV cache is full)."""
+
+
+@dataclass(frozen=True)
+class DecodeChunk:
+    """Tokens of one sequence to append in a batched decode.
+
+    ``tokens[i]`` is written at position ``start_pos + i`` of sequence ``seq_id``; logits are returned for the
+    last ``num_logits`` tokens (0 for a prefill chunk that is not the last one).
+    """
+
+    seq_id: int
+    tokens: Sequence[int]
+    start_pos: int
+    num_logits: int
+
+    def __post_init__(self) -> None:
+        if not self.tokens:
+            raise ValueError("a decode chunk needs at least one token")
+        if not 0 <= self.num_logits <= len(self.tokens):
+            raise ValueError(f"num_logits={self.num_logits} outside [0, {len(self.tokens)}]")
+
+
+@dataclass(frozen=True)
+class RuntimeInfo:
+    """Static facts about a loaded model."""
+
+    path: str
+    description: str
+    vocab_size: int
+    context_per_sequence: int
+    max_sequences: int
+    n_threads: int
+    exact: bool
+
+
+class ModelRuntime(ABC):
+    """One model with a multi-sequence KV cache."""
+
+    info: RuntimeInfo
+
+    @abstractmethod
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """Token ids of ``text``; ``add_special`` adds BOS where the model wants one."""
+
+    @abstractmethod
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes of one token (may be part of a multi-byte UTF-8 character)."""
+
+    @abstractmethod
+    def is_eog(self, token_id: int) -> bool:
+        """Whether the token ends generation (EOS, EOT, <|im_end|> ...)."""
+
+    @abstractmethod
+    def chat_template(self) -> str | None:
+        """The model's Jinja chat template from its metadata, if any."""
+
+    @abstractmethod
+    def special_token_text(self, which: str) -> str:
+        """Text of the ``bos`` or ``eos`` token (for chat templates); empty if the model has none."""
+
+    @abstractmethod
+    def decode(self, chunks: Sequence[DecodeChunk]) -> list[npt.NDArray[np.float32]]:
+        """Evaluate all chunks in one batch; returns per chunk its logits ``[num_logits, vocab]`` float32.
+
+        The arrays may be views into the runtime's buffer: valid until the next ``decode`` call.
+        """
+
+    @abstractmethod
+    def truncate(self, seq_id: int, length: int) -> None:
+        """Forget positions ``>= length`` of a sequence (rollback of rejected draft tokens)."""
+
+    @abstractmethod
+    def free(self, seq_id: int) -> None:
+        """Forget a whole sequence; its slot can be reused."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the model and its cache."""
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        """Text of a token sequence; invalid UTF-8 (a cut multi-byte character) becomes U+FFFD."""
+        return b"".join(self.token_bytes(t) for t in token_ids).decode("utf-8", errors="replace")

@@ -1,0 +1,258 @@
+"""llama.cpp runtime through llama-cpp-python's low-level (ctypes) API.
+
+Why the low-level API: the engine needs logits rows for *chosen* positions of a batch that mixes several
+sequences, and per-sequence KV truncation; the high-level ``Llama`` class offers neither.
+
+Exactness (``exact=True``): greedy speculative output must equal plain greedy output token for token, which
+needs the logits of a token to be bit-identical whether it is evaluated alone or inside a verify batch. In
+ggml's CPU backend that holds when every matrix product computes each output row with the same dot-product
+kernel whatever the batch size. Three things break that, and exact mode turns each off:
+
+* weight repacking (``use_extra_bufts``) switches to blocked GEMM kernels for batches and GEMV for one token;
+* llamafile's sgemm (a build option: specserve's build sets ``-DGGML_LLAMAFILE=OFF``) does the same;
+* flash attention accumulates the softmax in tiles whose shape depends on the number of query rows.
+
+Sequences get separate KV streams (``kv_unified=False``) so one sequence's cache layout, and hence the order
+of its attention sums, does not depend on which other sequences share the batch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from specserve.backends.base import DecodeChunk, DecodeError, ModelLoadError, ModelRuntime, RuntimeInfo
+
+_BACKEND_READY = False
+_LOG_CALLBACK: Any = None  # keep the ctypes callback alive for the process lifetime
+_GGML_LOG_WARN = 3  # ggml.h: NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5
+_GGML_LOG_ERROR = 4
+_GGML_LOG_CONT = 5
+log = logging.getLogger("specserve.llama_cpp")
+
+
+def _llama() -> Any:
+    """Import llama_cpp lazily (it loads a shared library) and initialise the backend once."""
+    global _BACKEND_READY, _LOG_CALLBACK
+    import llama_cpp
+
+    if not _BACKEND_READY:
+        last_level = [0]
+
+        def forward(level: int, text: bytes, _user: Any) -> None:
+            # llama.cpp is chatty at load; keep its errors, send the rest to debug logging.
+            if level != _GGML_LOG_CONT:
+                last_level[0] = level
+            message = text.decode("utf-8", errors="replace").rstrip()
+            if message:
+                level_map = {_GGML_LOG_ERROR: logging.ERROR, _GGML_LOG_WARN: logging.INFO}
+                log.log(level_map.get(last_level[0], logging.DEBUG), "%s", message)
+
+        _LOG_CALLBACK = llama_cpp.llama_log_callback(forward)
+        llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+        _BACKEND_READY = True
+    return llama_cpp
+
+
+class LlamaCppRuntime(ModelRuntime):
+    """A GGUF model in llama.cpp with ``max_sequences`` independent KV streams."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        context_per_sequence: int = 4096,
+        max_sequences: int = 1,
+        n_threads: int | None = None,
+        exact: bool = True,
+        batch_capacity: int = 512,
+        n_gpu_layers: int = 0,
+    ) -> None:
+        from specserve.models import GGUFFileError, check_gguf_file
+
+        path = Path(path)
+        try:
+            check_gguf_file(path)
+        except GGUFFileError as exc:
+            raise ModelLoadError(str(exc)) from exc
+        lib = _llama()
+        self._lib = lib
+        threads = n_threads or max(1, os.cpu_count() or 1)
+
+        mparams = lib.llama_model_default_params()
+        mparams.n_gpu_layers = n_gpu_layers
+        mparams.use_extra_bufts = not exact
+        self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self._model:
+            raise ModelLoadError(f"llama.cpp could not load {path}: not a supported GGUF model")
+
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx = context_per_sequence * max_sequences
+        cparams.n_batch = batch_capacity
+        cparams.n_ubatch = batch_capacity
+        cparams.n_seq_max = max_sequences
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.kv_unified = False
+        cparams.no_perf = True
+        cparams.flash_attn_type = (
+            lib.LLAMA_FLASH_ATTN_TYPE_DISABLED if exact else lib.LLAMA_FLASH_ATTN_TYPE_AUTO
+        )
+        self._ctx = lib.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            lib.llama_model_free(self._model)
+            raise ModelLoadError(f"llama.cpp could not create a context for {path} (n_ctx={cparams.n_ctx})")
+
+        self._vocab = lib.llama_model_get_vocab(self._model)
+        self._memory = lib.llama_get_memory(self._ctx)
+        vocab_size = int(lib.llama_vocab_n_tokens(self._vocab))
+        desc = ctypes.create_string_buffer(256)
+        lib.llama_model_desc(self._model, desc, 256)
+        self.info = RuntimeInfo(
+            path=str(path),
+            description=desc.value.decode(errors="replace"),
+            vocab_size=vocab_size,
+            # llama.cpp pads the context; the engine keeps to what was asked for.
+            context_per_sequence=min(context_per_sequence, int(lib.llama_n_ctx_seq(self._ctx))),
+            max_sequences=max_sequences,
+            n_threads=threads,
+            exact=exact,
+        )
+        self._capacity = batch_capacity
+        self._batch = lib.llama_batch_init(batch_capacity, 0, 1)
+        self._tokens = np.ctypeslib.as_array(self._batch.token, shape=(batch_capacity,))
+        self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(batch_capacity,))
+        self._n_seq_id = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(batch_capacity,))
+        self._want_logits = np.ctypeslib.as_array(self._batch.logits, shape=(batch_capacity,))
+        self._n_seq_id[:] = 1
+        self._piece_cache: dict[int, bytes] = {}
+        self._eog_cache: dict[int, bool] = {}
+        self._closed = False
+
+    # -- vocabulary -------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        size = len(data) + 16
+        for _ in range(2):
+            buf = (ctypes.c_int32 * size)()
+            n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, size, add_special, parse_special)
+            if n >= 0:
+                return list(buf[:n])
+            size = -n
+        raise DecodeError("tokenization failed")
+
+    def token_bytes(self, token_id: int) -> bytes:
+        piece = self._piece_cache.get(token_id)
+        if piece is None:
+            buf = ctypes.create_string_buffer(256)
+            n = self._lib.llama_token_to_piece(self._vocab, token_id, buf, 256, 0, True)
+            piece = buf.raw[: max(n, 0)]
+            self._piece_cache[token_id] = piece
+        return piece
+
+    def is_eog(self, token_id: int) -> bool:
+        eog = self._eog_cache.get(token_id)
+        if eog is None:
+            eog = bool(self._lib.llama_vocab_is_eog(self._vocab, token_id))
+            self._eog_cache[token_id] = eog
+        return eog
+
+    def chat_template(self) -> str | None:
+        raw = self._lib.llama_model_chat_template(self._model, None)
+        return raw.decode("utf-8", errors="replace") if raw else None
+
+    def special_token_text(self, which: str) -> str:
+        fn = {"bos": self._lib.llama_vocab_bos, "eos": self._lib.llama_vocab_eos}[which]
+        token = int(fn(self._vocab))
+        return self.token_bytes(token).decode("utf-8", errors="replace") if token >= 0 else ""
+
+    # -- evaluation -------------------------------------------------------------------------------
+
+    def decode(self, chunks: Sequence[DecodeChunk]) -> list[npt.NDArray[np.float32]]:
+        if sum(len(c.tokens) for c in chunks) <= self._capacity:
+            return self._decode_one(chunks)
+        # Larger than one llama batch (a long prefill): evaluate pieces in turn and copy their logits out,
+        # because each llama_decode call overwrites the logits buffer.
+        per_chunk: list[list[npt.NDArray[np.float32]]] = [[] for _ in chunks]
+        group: list[tuple[int, DecodeChunk]] = []
+
+        def flush() -> None:
+            arrays = self._decode_one([piece for _, piece in group])
+            for (index, _), arr in zip(group, arrays, strict=True):
+                per_chunk[index].append(arr.copy())
+            group.clear()
+
+        used = 0
+        for index, chunk in enumerate(chunks):
+            for piece in self._split(chunk):
+                if used + len(piece.tokens) > self._capacity:
+                    flush()
+                    used = 0
+                group.append((index, piece))
+                used += len(piece.tokens)
+        flush()
+        return [np.concatenate(parts) for parts in per_chunk]
+
+    def _split(self, chunk: DecodeChunk) -> list[DecodeChunk]:
+        """Cut a chunk into batch-sized pieces; only the pieces holding its last tokens want logits."""
+        n = len(chunk.tokens)
+        pieces = []
+        for lo in range(0, n, self._capacity):
+            hi = min(lo + self._capacity, n)
+            want = min(hi - lo, max(0, chunk.num_logits - (n - hi)))
+            pieces.append(DecodeChunk(chunk.seq_id, chunk.tokens[lo:hi], chunk.start_pos + lo, want))
+        return pieces
+
+    def _decode_one(self, chunks: Sequence[DecodeChunk]) -> list[npt.NDArray[np.float32]]:
+        lib = self._lib
+        i = 0
+        for c in chunks:
+            n = len(c.tokens)
+            self._tokens[i : i + n] = c.tokens
+            self._pos[i : i + n] = np.arange(c.start_pos, c.start_pos + n)
+            self._want_logits[i : i + n] = 0
+            self._want_logits[i + n - c.num_logits : i + n] = 1 if c.num_logits else 0
+            for j in range(i, i + n):
+                self._batch.seq_id[j][0] = c.seq_id
+            i += n
+        self._batch.n_tokens = i
+        rc = lib.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            raise DecodeError(f"llama_decode failed with code {rc} (batch of {i} tokens; 1 = KV cache full)")
+        n_out = sum(c.num_logits for c in chunks)
+        if n_out == 0:
+            return [np.empty((0, self.info.vocab_size), np.float32) for _ in chunks]
+        ptr = lib.llama_get_logits(self._ctx)
+        logits = np.ctypeslib.as_array(ptr, shape=(n_out, self.info.vocab_size))
+        out, row = [], 0
+        for c in chunks:
+            out.append(logits[row : row + c.num_logits])
+            row += c.num_logits
+        return out
+
+    def truncate(self, seq_id: int, length: int) -> None:
+        self._lib.llama_memory_seq_rm(self._memory, seq_id, length, -1)
+
+    def free(self, seq_id: int) -> None:
+        self._lib.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._lib.llama_batch_free(self._batch)
+        self._lib.llama_free(self._ctx)
+        self._lib.llama_model_free(self._model)
+
+    def __del__(self) -> None:
+        if getattr(self, "_closed", True) is False:
+            self.close()

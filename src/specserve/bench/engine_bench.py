@@ -1,0 +1,180 @@
+"""In-process benchmark of the engine: plain vs each drafter vs the default policy, in one interleaved run.
+
+Every prompt is generated once per mode, the modes one after another, so that machine drift (other
+processes, thermal state) spreads over all modes alike. Speed is reported as ratios to plain decoding
+measured in the same run; greedy outputs are compared with the plain output token for token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from specserve.chat import render_chat
+from specserve.config import Settings
+from specserve.drafters.base import Drafter
+from specserve.drafters.length_policy import CostAwarePolicy, DraftLengthPolicy, FixedLengthPolicy
+from specserve.drafters.registry import DrafterContext, build_drafter
+from specserve.engine.builder import draft_model_can_pay, open_runtime
+from specserve.engine.cost_model import CostModel, calibrate
+from specserve.engine.engine import EngineOptions, SpeculativeEngine
+from specserve.engine.sequence import Sequence
+from specserve.request import SamplingParams
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    drafters: tuple[str, ...]
+    policy: str  # "cost" or "fixed"
+
+
+MODES = {
+    "plain": Mode("plain", (), "fixed"),
+    "ngram": Mode("ngram", ("ngram",), "fixed"),
+    "draft-model": Mode("draft-model", ("draft-model",), "fixed"),
+    "auto": Mode("auto", ("ngram", "draft-model"), "cost"),
+}
+
+
+@dataclass
+class Cell:
+    """Totals of one (kind, mode)."""
+
+    tokens: int = 0
+    seconds: float = 0.0
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+    identical: int = 0
+    runs: int = 0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    def add(self, seq: Sequence, identical: bool) -> float:
+        """Fold in one finished request; returns its decode-phase tokens/s (first token excluded)."""
+        assert seq.first_token_time is not None and seq.finish_time is not None
+        tokens, seconds = len(seq.output_ids) - 1, seq.finish_time - seq.first_token_time
+        self.tokens += tokens
+        self.seconds += seconds
+        self.drafts += seq.stats.num_drafts
+        self.draft_tokens += seq.stats.num_draft_tokens
+        self.accepted += seq.stats.num_accepted_tokens
+        self.identical += int(identical)
+        self.runs += 1
+        return tokens / seconds if seconds > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["tokens_per_second"] = round(self.tokens_per_second, 3)
+        data["acceptance_rate"] = round(self.accepted / self.draft_tokens, 4) if self.draft_tokens else 0.0
+        data["mean_acceptance_length"] = round(1 + self.accepted / self.drafts, 4) if self.drafts else 1.0
+        return data
+
+
+@dataclass
+class EngineBenchResult:
+    settings: dict[str, Any]
+    costs: dict[str, Any]
+    cells: dict[str, dict[str, Cell]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "settings": self.settings,
+            "costs_ms": self.costs,
+            "notes": self.notes,
+            "results": {k: {m: c.as_dict() for m, c in modes.items()} for k, modes in self.cells.items()},
+        }
+
+
+def builtin_prompts() -> list[dict[str, str]]:
+    text = resources.files("specserve.bench").joinpath("prompts/engine.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def run_engine_bench(
+    settings: Settings,
+    prompts: list[dict[str, str]],
+    modes: list[str],
+    max_tokens: int,
+    progress: Callable[[str], None] = lambda _m: None,
+) -> EngineBenchResult:
+    target = open_runtime(_resolve(settings, settings.target), settings, 1)
+    costs = CostModel(calibrate(target, 0))
+    draft_runtime = None
+    if any("draft-model" in MODES[m].drafters for m in modes) and settings.draft_path_or_none:
+        draft_runtime = open_runtime(_resolve(settings, settings.draft_path_or_none), settings, 1)
+        costs.draft = calibrate(draft_runtime, 0)
+    context = DrafterContext(draft_runtime, settings.ngram_min_n, settings.draft_p_min)
+    drafters: dict[str, Drafter] = {"ngram": build_drafter("ngram", context)}
+    if draft_runtime is not None:
+        drafters["draft-model"] = build_drafter("draft-model", context)
+    pays, best = draft_model_can_pay(costs, settings.num_draft_tokens)
+    result = EngineBenchResult(_settings_summary(settings), costs.as_dict())
+    if not pays:
+        result.notes.append(f"auto excludes the draft model: at 100% acceptance it reaches {best:.2f}x")
+    try:
+        for i, item in enumerate(prompts):
+            messages = [{"role": "user", "content": item["prompt"]}]
+            prompt_ids = target.tokenize(render_chat(target, messages), parse_special=True)
+            plain_ids: list[int] | None = None
+            for mode_name in modes:
+                mode = MODES[mode_name]
+                # The default policy only gets the draft model when it could pay (as build_engine decides).
+                names = tuple(
+                    n
+                    for n in mode.drafters
+                    if n in drafters and (n != "draft-model" or pays or mode.policy == "fixed")
+                )
+                policy: DraftLengthPolicy = (
+                    CostAwarePolicy(costs) if mode.policy == "cost" else FixedLengthPolicy()
+                )
+                options = EngineOptions(names, settings.num_draft_tokens, speculation_enabled=bool(names))
+                engine = SpeculativeEngine(target, {n: drafters[n] for n in names}, policy, costs, options)
+                seq = engine.add_request(
+                    f"bench-{i}-{mode_name}", prompt_ids, SamplingParams(max_tokens=max_tokens)
+                )
+                while engine.has_work():
+                    engine.step()
+                plain_ids = plain_ids if plain_ids is not None else seq.output_ids
+                cell = result.cells.setdefault(item["kind"], {}).setdefault(mode_name, Cell())
+                speed = cell.add(seq, seq.output_ids == plain_ids)
+                progress(
+                    f"[{i + 1}/{len(prompts)}] {item['kind']:8} {mode_name:12} {speed:6.2f} tok/s "
+                    f"accepted {seq.stats.num_accepted_tokens}/{seq.stats.num_draft_tokens}"
+                )
+    finally:
+        target.close()
+        if draft_runtime is not None:
+            draft_runtime.close()
+    return result
+
+
+def _resolve(settings: Settings, name: str) -> str:
+    from specserve.models import ModelStore
+
+    store = ModelStore(Path(settings.model_dir) if settings.model_dir else None)
+    return str(store.resolve(name))
+
+
+def _settings_summary(settings: Settings) -> dict[str, Any]:
+    keys = (
+        "target",
+        "draft",
+        "exact",
+        "threads",
+        "num_draft_tokens",
+        "context_size",
+        "ngram_min_n",
+        "draft_p_min",
+    )
+    return {k: getattr(settings, k) for k in keys} | {"date": time.strftime("%Y-%m-%d %H:%M")}

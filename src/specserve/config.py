@@ -1,0 +1,198 @@
+"""Typed settings: one definition from which CLI flags, YAML config keys and ``SPECSERVE_*`` variables come.
+
+Precedence: command-line flags > environment variables > config file > defaults. Every field documents
+itself (``help``); validation happens once, in ``Settings.validate``, with messages that name the setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import os
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+DrafterChoice = Literal["auto", "none", "ngram", "draft-model"]
+PolicyChoice = Literal["cost", "fixed"]
+
+
+def _setting(default: Any, help: str, flag: str | None = None, secret: bool = False) -> Any:
+    return field(default=default, metadata={"help": help, "flag": flag, "secret": secret})
+
+
+class SettingsError(ValueError):
+    """An invalid setting; the message names it."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    # -- models
+    target: str = _setting("qwen2.5-coder-1.5b-instruct", "Target model: a catalog name or a GGUF path.")
+    draft: str | None = _setting(
+        "qwen2.5-coder-0.5b-instruct", "Draft model: a catalog name, a GGUF path, or 'none'."
+    )
+    model_dir: str | None = _setting(None, "Model cache directory (default ~/.cache/specserve/models).")
+    context_size: int = _setting(4096, "Context length per sequence, in tokens.", "--ctx-size")
+    threads: int | None = _setting(None, "CPU threads for llama.cpp (default: all cores).")
+    gpu_layers: int = _setting(0, "Layers to offload to a GPU (needs a GPU build of llama-cpp-python).")
+    exact: bool = _setting(
+        True,
+        "Exact mode: batch-invariant kernels, so greedy speculative output equals plain greedy output "
+        "token for token (no weight repacking, no flash attention).",
+    )
+    # -- speculation
+    drafter: DrafterChoice = _setting(
+        "auto", "Drafter: auto (cost-aware choice among loaded drafters), none, ngram, draft-model."
+    )
+    num_draft_tokens: int = _setting(16, "Maximum draft tokens per step.")
+    draft_policy: PolicyChoice = _setting(
+        "cost", "Draft length policy: cost (measured cost model, may draft 0) or fixed (always the maximum)."
+    )
+    ngram_min_n: int = _setting(2, "Shortest suffix the n-gram drafter looks up.")
+    draft_p_min: float = _setting(0.6, "The draft model stops drafting when its top probability is lower.")
+    load_draft: Literal["auto", "always", "never"] = _setting(
+        "auto",
+        "Load the draft model: always (fail without it), never, or auto (only when the cost model says "
+        "it could pay, or when --drafter draft-model asks for it).",
+    )
+    # -- batching
+    max_running: int = _setting(4, "Maximum sequences decoded together.", "--max-running")
+    prefill_chunk: int = _setting(256, "Prompt tokens evaluated per engine step (chunked prefill).")
+
+    def validate(self) -> Settings:
+        def positive(name: str) -> None:
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise SettingsError(f"{name} must be >= 1, got {value}")
+
+        for name in ("context_size", "threads", "max_running", "prefill_chunk", "ngram_min_n"):
+            positive(name)
+        if not 0 <= self.num_draft_tokens <= 64:
+            raise SettingsError(f"num_draft_tokens must be in [0, 64], got {self.num_draft_tokens}")
+        if not 0.0 <= self.draft_p_min <= 1.0:
+            raise SettingsError(f"draft_p_min must be in [0, 1], got {self.draft_p_min}")
+        for name, tp in _hints().items():
+            choices = typing.get_args(tp) if typing.get_origin(tp) is Literal else ()
+            if choices and getattr(self, name) not in choices:
+                raise SettingsError(
+                    f"{name} must be one of {', '.join(choices)}; got {getattr(self, name)!r}"
+                )
+        return self
+
+    @property
+    def draft_path_or_none(self) -> str | None:
+        return None if self.draft in (None, "", "none") else self.draft
+
+
+@functools.cache
+def _hints() -> dict[str, Any]:
+    return typing.get_type_hints(Settings)
+
+
+def _base_type(tp: Any) -> Any:
+    """``X`` for ``X | None``, else the type itself."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return next(a for a in typing.get_args(tp) if a is not type(None))
+    return tp
+
+
+def _flag(f: dataclasses.Field[Any]) -> str:
+    return str(f.metadata.get("flag") or "--" + f.name.replace("_", "-"))
+
+
+def env_name(name: str) -> str:
+    return "SPECSERVE_" + name.upper()
+
+
+def add_arguments(parser: argparse.ArgumentParser, names: tuple[str, ...] | None = None) -> None:
+    """Add one flag per setting (all defaults None, so unset flags don't override lower sources)."""
+    hints = _hints()
+    for f in dataclasses.fields(Settings):
+        if names is not None and f.name not in names:
+            continue
+        tp = hints[f.name]
+        kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": f.metadata["help"]}
+        base = _base_type(tp)
+        if base is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(base) is Literal:
+            kwargs["choices"] = typing.get_args(base)
+        else:
+            kwargs["type"] = base
+        parser.add_argument(_flag(f), **kwargs)
+
+
+def _convert(name: str, raw: Any, tp: Any) -> Any:
+    target = _base_type(tp)
+    if raw is None or (
+        isinstance(raw, str) and raw.lower() in ("", "null") and type(None) in typing.get_args(tp)
+    ):
+        return None
+    try:
+        if target is bool:
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if typing.get_origin(target) is Literal:
+            return str(raw)
+        return target(raw)
+    except (TypeError, ValueError):
+        raise SettingsError(f"{name}: cannot read {raw!r} as {getattr(target, '__name__', target)}") from None
+
+
+def load_settings(
+    args: argparse.Namespace | None = None,
+    env: Mapping[str, str] | None = None,
+    config_file: str | Path | None = None,
+) -> Settings:
+    """Merge defaults < config file < environment < flags, then validate."""
+    hints = _hints()
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    if config_file is not None:
+        values.update(_read_file(Path(config_file)))
+    for f in dataclasses.fields(Settings):
+        if env_name(f.name) in env:
+            values[f.name] = env[env_name(f.name)]
+        if args is not None and getattr(args, f.name, None) is not None:
+            values[f.name] = getattr(args, f.name)
+    converted = {name: _convert(name, raw, hints[name]) for name, raw in values.items()}
+    return Settings(**converted).validate()
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise SettingsError(f"config file {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise SettingsError(f"config file {path}: expected a mapping of settings")
+    known = {f.name for f in dataclasses.fields(Settings)}
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
+        if name not in known:
+            raise SettingsError(f"config file {path}: unknown setting {key!r}")
+        flat[name] = value
+    return flat
+
+
+def redacted(settings: Settings) -> dict[str, Any]:
+    """Effective settings for display, secrets replaced."""
+    out = {}
+    for f in dataclasses.fields(settings):
+        value = getattr(settings, f.name)
+        out[f.name] = "***" if f.metadata.get("secret") and value else value
+    return out

@@ -1,0 +1,194 @@
+"""How many tokens to draft, and with which drafter — including none (plain decoding).
+
+:class:`CostAwarePolicy` maximises expected emitted tokens per second of the whole batch step::
+
+    tokens(s)  = 1 + a + a^2 + ... + a^k          (a: estimated chance the next draft token is accepted,
+                                                    given the previous one was — a geometric model)
+    step_time  = target(sum over s of (1 + k_s))  (one batched verify pass; measured table)
+               + draft rounds                      (draft-model only: catch-up batch, then k_max - 1 rounds)
+
+It turns speculation on for a sequence only when the best plan beats plain decoding by ``margin``, so
+uncertain estimates fall back to plain decoding. Acceptance is estimated per (drafter, bucket) from all
+requests (a prior for new requests) and per request (recent behaviour, decayed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+
+from specserve.drafters.base import Drafter, DraftOption
+from specserve.engine.cost_model import CostModel
+from specserve.engine.sequence import Sequence
+
+# Prior acceptance per bucket before anything is measured; long n-gram matches are usually copy regions.
+PRIOR_ACCEPTANCE: dict[str, float] = {
+    "match<=2": 0.35,
+    "match<=4": 0.5,
+    "match<=8": 0.65,
+    "match<=16": 0.8,
+    "match>16": 0.9,
+}
+DEFAULT_PRIOR = 0.6
+_GLOBAL_PRIOR_WEIGHT = 4.0
+_SEQ_PRIOR_WEIGHT = 3.0
+_GLOBAL_DECAY = 0.995
+_SEQ_DECAY = 0.8
+
+
+@dataclass(frozen=True)
+class DraftPlan:
+    """The decision for one sequence this step; ``drafter is None`` means a plain decoding step."""
+
+    drafter: Drafter | None = None
+    num_tokens: int = 0
+    bucket: str = ""
+    alpha: float = 0.0
+    """The acceptance estimate the decision was based on."""
+    setup_tokens: int = 0
+    """Tokens a model drafter evaluates before its first guess (see DraftOption)."""
+
+
+@dataclass
+class _Counts:
+    accepted: float = 0.0
+    rejected: float = 0.0
+
+    def add(self, num_draft: int, num_accepted: int, decay: float) -> None:
+        self.accepted = self.accepted * decay + num_accepted
+        self.rejected = self.rejected * decay + (1.0 if num_accepted < num_draft else 0.0)
+
+    def posterior(self, prior: float, weight: float) -> float:
+        return (self.accepted + prior * weight) / (self.accepted + self.rejected + weight)
+
+
+@dataclass
+class AcceptanceTracker:
+    """Running acceptance estimates: global per (drafter, bucket), refined per request."""
+
+    global_counts: dict[tuple[str, str], _Counts] = field(default_factory=dict)
+
+    def alpha(self, seq: Sequence, drafter: str, bucket: str) -> float:
+        key = (drafter, bucket)
+        prior = PRIOR_ACCEPTANCE.get(bucket, DEFAULT_PRIOR)
+        global_alpha = self.global_counts.get(key, _Counts()).posterior(prior, _GLOBAL_PRIOR_WEIGHT)
+        own = self._seq_counts(seq).get(key, _Counts())
+        return min(own.posterior(global_alpha, _SEQ_PRIOR_WEIGHT), 0.995)
+
+    def observe(self, seq: Sequence, drafter: str, bucket: str, num_draft: int, num_accepted: int) -> None:
+        if num_draft <= 0:
+            return
+        key = (drafter, bucket)
+        self.global_counts.setdefault(key, _Counts()).add(num_draft, num_accepted, _GLOBAL_DECAY)
+        self._seq_counts(seq).setdefault(key, _Counts()).add(num_draft, num_accepted, _SEQ_DECAY)
+
+    @staticmethod
+    def _seq_counts(seq: Sequence) -> dict[tuple[str, str], _Counts]:
+        counts = seq.drafter_state.setdefault("_acceptance", {})
+        assert isinstance(counts, dict)
+        return counts
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Expected tokens emitted by a verify step with k drafts: accepted drafts plus one target token."""
+    return sum(alpha**i for i in range(k + 1))
+
+
+class DraftLengthPolicy:
+    """Interface: choose a plan per sequence from each drafter's option."""
+
+    def plan(
+        self,
+        seqs: Seq[Sequence],
+        options: Seq[Mapping[str, tuple[Drafter, DraftOption]]],
+        extra_tokens: int = 0,
+    ) -> list[DraftPlan]:
+        """One plan per sequence; ``extra_tokens`` (prompt chunks) share the same target pass."""
+        raise NotImplementedError
+
+    def observe(self, seq: Sequence, plan: DraftPlan, num_accepted: int) -> None:
+        """Learn from a verify outcome (default: nothing)."""
+
+
+class FixedLengthPolicy(DraftLengthPolicy):
+    """Always draft as much as allowed with the first drafter that has something (textbook speculation)."""
+
+    def plan(
+        self,
+        seqs: Seq[Sequence],
+        options: Seq[Mapping[str, tuple[Drafter, DraftOption]]],
+        extra_tokens: int = 0,
+    ) -> list[DraftPlan]:
+        plans = []
+        for opts in options:
+            plan = DraftPlan()
+            for drafter, option in opts.values():
+                if option.max_tokens > 0:
+                    plan = DraftPlan(drafter, option.max_tokens, option.bucket, 0.0, option.setup_tokens)
+                    break
+            plans.append(plan)
+        return plans
+
+
+class CostAwarePolicy(DraftLengthPolicy):
+    """Maximise expected tokens per second from measured costs and running acceptance estimates."""
+
+    def __init__(self, costs: CostModel, margin: float = 0.03) -> None:
+        self.costs = costs
+        self.margin = margin
+        self.acceptance = AcceptanceTracker()
+
+    def observe(self, seq: Sequence, plan: DraftPlan, num_accepted: int) -> None:
+        if plan.drafter is not None:
+            self.acceptance.observe(seq, plan.drafter.name, plan.bucket, plan.num_tokens, num_accepted)
+
+    def plan(
+        self,
+        seqs: Seq[Sequence],
+        options: Seq[Mapping[str, tuple[Drafter, DraftOption]]],
+        extra_tokens: int = 0,
+    ) -> list[DraftPlan]:
+        plans = [DraftPlan() for _ in seqs]
+        best = self._rate(plans, extra_tokens)
+        # Coordinate ascent: improve one sequence's plan at a time while the batch rate improves.
+        for _ in range(3):
+            improved = False
+            for s, seq in enumerate(seqs):
+                for drafter, option in options[s].values():
+                    alpha = self.acceptance.alpha(seq, drafter.name, option.bucket)
+                    for k in range(1, option.max_tokens + 1):
+                        trial = [
+                            *plans[:s],
+                            DraftPlan(drafter, k, option.bucket, alpha, option.setup_tokens),
+                            *plans[s + 1 :],
+                        ]
+                        rate = self._rate(trial, extra_tokens)
+                        # Leaving plain decoding needs a clear win: estimates are noisy.
+                        needed = best * (1 + self.margin) if plans[s].drafter is None else best
+                        if rate > needed:
+                            plans, best, improved = trial, rate, True
+            if not improved:
+                break
+        return plans
+
+    def _rate(self, plans: list[DraftPlan], extra_tokens: int) -> float:
+        """Expected tokens per second of one batch step under ``plans``."""
+        tokens = 0.0
+        verify_tokens = extra_tokens
+        draft_rounds: dict[int, int] = {}
+        catch_up = 0
+        for plan in plans:
+            verify_tokens += 1 + plan.num_tokens
+            if plan.drafter is None:
+                tokens += 1.0
+                continue
+            tokens += expected_tokens(plan.alpha, plan.num_tokens)
+            if plan.drafter.uses_model:
+                catch_up += plan.setup_tokens
+                for r in range(1, plan.num_tokens):
+                    draft_rounds[r] = draft_rounds.get(r, 0) + 1
+        seconds = self.costs.target(verify_tokens)
+        if self.costs.draft is not None and (catch_up or draft_rounds):
+            seconds += self.costs.draft(catch_up) + sum(self.costs.draft(n) for n in draft_rounds.values())
+        return tokens / seconds if seconds > 0 else 0.0

@@ -1,0 +1,132 @@
+"""Build a ready engine from settings: resolve models, load runtimes, calibrate costs, choose drafters."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specserve.backends.base import ModelRuntime
+from specserve.config import Settings
+from specserve.drafters.base import Drafter
+from specserve.drafters.length_policy import CostAwarePolicy, DraftLengthPolicy, FixedLengthPolicy
+from specserve.drafters.registry import DrafterContext, build_drafter
+from specserve.engine.cost_model import CostModel, StepCostTable, calibrate
+from specserve.engine.engine import EngineOptions, SpeculativeEngine
+
+log = logging.getLogger("specserve.builder")
+
+
+@dataclass
+class BuildReport:
+    """What happened while building, for logs, ``/ready`` and metrics."""
+
+    target_path: str = ""
+    draft_path: str | None = None
+    drafters: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    degraded: bool = False
+    seconds: float = 0.0
+
+
+def draft_model_can_pay(costs: CostModel, max_k: int) -> tuple[bool, float]:
+    """Best speed-up the draft model could reach even if every draft token were accepted.
+
+    k drafts then cost k draft steps (one catch-up of 1 token, k - 1 chain steps) plus a verify pass of
+    k + 1 tokens and yield k + 1 tokens; plain decoding yields 1 token per ``target(1)``.
+    """
+    if costs.draft is None:
+        return False, 0.0
+    best = 0.0
+    for k in range(1, max_k + 1):
+        seconds = costs.target(k + 1) + costs.draft(1) * k
+        best = max(best, (k + 1) / seconds * costs.target(1))
+    return best > 1.0, best
+
+
+def open_runtime(path: str, settings: Settings, max_sequences: int) -> ModelRuntime:
+    from specserve.backends.llama_cpp import LlamaCppRuntime
+
+    capacity = max(512, settings.prefill_chunk + max_sequences * (settings.num_draft_tokens + 1))
+    return LlamaCppRuntime(
+        path,
+        context_per_sequence=settings.context_size,
+        max_sequences=max_sequences,
+        n_threads=settings.threads,
+        exact=settings.exact,
+        batch_capacity=capacity,
+        n_gpu_layers=settings.gpu_layers,
+    )
+
+
+def build_engine(settings: Settings, calibrate_costs: bool = True) -> tuple[SpeculativeEngine, BuildReport]:
+    """Load everything ``settings`` asks for. Raises on a bad target; a bad draft degrades unless required."""
+    from specserve.models import ModelStore, check_draft_compatible, read_vocab
+
+    started = time.perf_counter()
+    report = BuildReport()
+    store = ModelStore(None if settings.model_dir is None else Path(settings.model_dir))
+    target_path = store.resolve(settings.target)
+    report.target_path = str(target_path)
+    target = open_runtime(str(target_path), settings, settings.max_running)
+    costs = CostModel(calibrate(target, 0) if calibrate_costs else _flat_costs())
+
+    draft_runtime = None
+    want_draft = settings.draft_path_or_none is not None and (
+        settings.load_draft == "always" or settings.drafter == "draft-model" or settings.load_draft == "auto"
+    )
+    if settings.drafter in ("none", "ngram") or (
+        settings.load_draft == "never" and settings.drafter != "draft-model"
+    ):
+        want_draft = False
+    if want_draft:
+        assert settings.draft_path_or_none is not None
+        try:
+            draft_path = store.resolve(settings.draft_path_or_none)
+            check_draft_compatible(read_vocab(target_path), read_vocab(draft_path))
+            draft_runtime = open_runtime(str(draft_path), settings, settings.max_running)
+            costs.draft = calibrate(draft_runtime, 0) if calibrate_costs else _flat_costs()
+            report.draft_path = str(draft_path)
+        except Exception as exc:
+            if settings.load_draft == "always" or settings.drafter == "draft-model":
+                target.close()
+                raise
+            report.degraded = True
+            report.notes.append(f"draft model not loaded: {exc}")
+            log.warning("draft model not loaded, continuing without it: %s", exc)
+        if draft_runtime is not None and settings.load_draft == "auto" and settings.drafter == "auto":
+            pays, best = draft_model_can_pay(costs, settings.num_draft_tokens)
+            if not pays:
+                note = (
+                    f"draft model unloaded: even at 100% acceptance it would reach {best:.2f}x plain speed "
+                    f"(target 1 token {costs.target(1) * 1000:.1f} ms, draft 1 token "
+                    f"{costs.draft(1) * 1000 if costs.draft else 0:.1f} ms)"
+                )
+                report.notes.append(note)
+                log.info(note)
+                draft_runtime.close()
+                draft_runtime, costs.draft, report.draft_path = None, None, None
+
+    context = DrafterContext(draft_runtime, settings.ngram_min_n, settings.draft_p_min)
+    drafters: dict[str, Drafter] = {"ngram": build_drafter("ngram", context)}
+    if draft_runtime is not None:
+        drafters["draft-model"] = build_drafter("draft-model", context)
+    report.drafters = list(drafters)
+    policy: DraftLengthPolicy = (
+        CostAwarePolicy(costs) if settings.draft_policy == "cost" else FixedLengthPolicy()
+    )
+    names = tuple(drafters) if settings.drafter in ("auto", "none") else (settings.drafter,)
+    options = EngineOptions(
+        drafters=names,
+        num_draft_tokens=settings.num_draft_tokens,
+        speculation_enabled=settings.drafter != "none",
+    )
+    engine = SpeculativeEngine(target, drafters, policy, costs, options, settings.prefill_chunk)
+    report.seconds = time.perf_counter() - started
+    return engine, report
+
+
+def _flat_costs() -> StepCostTable:
+    """Uncalibrated costs (tests): every extra token costs as much as the first (GPU-like optimism off)."""
+    return StepCostTable.from_samples({1: 1.0, 64: 64.0})

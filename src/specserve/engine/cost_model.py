@@ -1,0 +1,120 @@
+"""Measured cost of a decode call as a function of the number of tokens in the batch.
+
+On a GPU a verify pass over k+1 positions costs about one decode step; on this project's CPU it costs
+nearly k+1 steps. The engine therefore measures instead of assuming: at load it times decode calls of
+several sizes on a scratch sequence (``calibrate``), and afterwards every real decode refines the table
+(``observe``, an exponential moving average per batch size). The length policy reads ``seconds(n)``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specserve.backends.base import DecodeChunk, ModelRuntime
+
+CALIBRATION_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+
+
+@dataclass
+class StepCostTable:
+    """Seconds per decode call of ``n`` tokens, for n = 1 .. max_tokens (interpolated between samples)."""
+
+    seconds: np.ndarray  # [max_tokens + 1] float64; index 0 unused
+    ema: float = 0.05
+    observations: int = 0
+
+    @classmethod
+    def from_samples(cls, samples: dict[int, float], max_tokens: int = 64) -> StepCostTable:
+        sizes = np.array(sorted(samples), dtype=np.float64)
+        times = np.array([samples[int(s)] for s in sizes], dtype=np.float64)
+        grid = np.arange(max_tokens + 1, dtype=np.float64)
+        table = np.interp(grid, sizes, times)
+        if sizes.size >= 2 and max_tokens > sizes[-1]:
+            # Beyond the last sample, grow linearly with the last measured slope.
+            slope = max((times[-1] - times[-2]) / (sizes[-1] - sizes[-2]), 0.0)
+            beyond = grid > sizes[-1]
+            table[beyond] = times[-1] + slope * (grid[beyond] - sizes[-1])
+        table[0] = 0.0
+        return cls(table)
+
+    def __call__(self, n_tokens: int) -> float:
+        if n_tokens <= 0:
+            return 0.0
+        if n_tokens < self.seconds.size:
+            return float(self.seconds[n_tokens])
+        per_token = self.seconds[-1] / (self.seconds.size - 1)
+        return float(per_token * n_tokens)
+
+    def observe(self, n_tokens: int, seconds: float) -> None:
+        """Fold one measured decode into the table (outliers beyond 3x are ignored: a preempted thread)."""
+        if not 0 < n_tokens < self.seconds.size:
+            return
+        current = self.seconds[n_tokens]
+        if current > 0 and not (current / 3 < seconds < current * 3):
+            return
+        self.seconds[n_tokens] = (1 - self.ema) * current + self.ema * seconds
+        self.observations += 1
+
+    def relative(self, n_tokens: int) -> float:
+        """Cost of ``n_tokens`` in units of a one-token step."""
+        return self(n_tokens) / self(1)
+
+
+@dataclass
+class CostModel:
+    """Decode costs of the target and, when loaded, the draft model."""
+
+    target: StepCostTable
+    draft: StepCostTable | None = None
+    calibration_seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, object]:
+        def table(t: StepCostTable | None) -> dict[int, float] | None:
+            if t is None:
+                return None
+            return {n: round(t(n) * 1000, 3) for n in CALIBRATION_SIZES if n < t.seconds.size}
+
+        return {"target_ms": table(self.target), "draft_ms": table(self.draft)}
+
+
+def calibrate(
+    runtime: ModelRuntime,
+    scratch_seq: int,
+    sizes: tuple[int, ...] = CALIBRATION_SIZES,
+    repeats: int = 3,
+    context_tokens: int = 48,
+    max_tokens: int = 64,
+) -> StepCostTable:
+    """Time decode calls of each size after a short context on ``scratch_seq``; fastest of ``repeats``.
+
+    The fastest run, not the median: on a shared machine, slower runs measure other processes.
+
+    The scratch sequence is left empty afterwards.
+    """
+    vocab = runtime.info.vocab_size
+    rng = np.random.default_rng(0)
+    context = [int(t) for t in rng.integers(0, min(vocab, 1000), context_tokens)]
+    limit = runtime.info.context_per_sequence - context_tokens
+    runtime.free(scratch_seq)
+    runtime.decode([DecodeChunk(scratch_seq, context, 0, 1)])
+    samples: dict[int, float] = {}
+    # One untimed call first: the first decode of a new shape pays one-off allocation.
+    runtime.decode([DecodeChunk(scratch_seq, context[:1], context_tokens, 1)])
+    runtime.truncate(scratch_seq, context_tokens)
+    for n in sizes:
+        if n > limit:
+            break
+        times = []
+        for _ in range(repeats):
+            tokens = context[:n] if n <= len(context) else (context * (n // len(context) + 1))[:n]
+            start = time.perf_counter()
+            runtime.decode([DecodeChunk(scratch_seq, tokens, context_tokens, n)])
+            times.append(time.perf_counter() - start)
+            runtime.truncate(scratch_seq, context_tokens)
+        samples[n] = min(times)
+    runtime.free(scratch_seq)
+    return StepCostTable.from_samples(samples, max_tokens=max_tokens)

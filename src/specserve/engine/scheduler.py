@@ -1,0 +1,76 @@
+"""Which sequences run this step, and how much of each prompt is prefilled.
+
+Requests wait in FIFO order until a KV slot is free. Prompts are prefilled in chunks under a per-step token
+budget, so a long prompt joins the running batch without stalling the sequences that are already decoding.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from specserve.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledBatch:
+    prefills: list[tuple[Sequence, int]] = field(default_factory=list)
+    """Sequences with prompt tokens to evaluate, and how many this step."""
+    decodes: list[Sequence] = field(default_factory=list)
+    """Sequences with a pending token: they take a (speculative) decoding step."""
+
+    @property
+    def empty(self) -> bool:
+        return not self.prefills and not self.decodes
+
+
+class Scheduler:
+    def __init__(self, max_running: int, prefill_budget: int = 256) -> None:
+        if max_running < 1:
+            raise ValueError("max_running must be >= 1")
+        self.max_running = max_running
+        self.prefill_budget = prefill_budget
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._free_slots = list(range(max_running - 1, -1, -1))
+
+    def add(self, seq: Sequence) -> None:
+        assert seq.status is SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        while self.waiting and self._free_slots:
+            seq = self.waiting.popleft()
+            seq.slot = self._free_slots.pop()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+        batch = ScheduledBatch()
+        budget = self.prefill_budget
+        for seq in self.running:
+            if seq.is_prefilling:
+                if budget > 0:
+                    n = min(budget, len(seq.prompt_ids) - seq.num_computed)
+                    batch.prefills.append((seq, n))
+                    budget -= n
+            else:
+                batch.decodes.append(seq)
+        if not batch.decodes and not batch.prefills and self.running:
+            raise AssertionError("running sequences but nothing scheduled")
+        return batch
+
+    def release(self, seq: Sequence) -> None:
+        """Remove a finished or aborted sequence and free its slot."""
+        if seq in self.running:
+            self.running.remove(seq)
+            self._free_slots.append(seq.slot)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+
+    def find(self, request_id: str) -> Sequence | None:
+        for seq in (*self.running, *self.waiting):
+            if seq.request_id == request_id:
+                return seq
+        return None

@@ -1,0 +1,122 @@
+"""One request inside the engine: its tokens, its KV accounting, its speculation statistics.
+
+Token accounting (the engine owns it; runtimes only store what they are told)::
+
+    tokens = prompt_ids + output_ids
+    target KV holds tokens[:num_computed]; tokens[num_computed:] are not evaluated yet.
+
+After prefill ``num_computed == len(tokens) - 1``: the last token is *pending*, it is the first token of the
+next verify batch. Rolling back rejected drafts is ``num_computed = new_length`` plus a KV truncate.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from specserve.request import PositionalUniforms, SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class SpecStats:
+    """Speculation counters of one request (vLLM's names). Mean acceptance length = 1 + accepted / drafts."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    first_rejections: list[int] = field(default_factory=list)
+
+    def record(self, num_draft_tokens: int, num_accepted: int) -> None:
+        assert 0 <= num_accepted <= num_draft_tokens
+        if num_draft_tokens == 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted
+        while len(self.accepted_per_position) < num_draft_tokens:
+            self.accepted_per_position.append(0)
+        for pos in range(num_accepted):
+            self.accepted_per_position[pos] += 1
+        if num_accepted < num_draft_tokens and len(self.first_rejections) < 32:
+            self.first_rejections.append(num_accepted)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "num_drafts": self.num_drafts,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "mean_acceptance_length": round(self.mean_acceptance_length, 4),
+            "acceptance_rate": round(self.acceptance_rate, 4),
+        }
+
+
+@dataclass
+class SpeculationOptions:
+    """Per-request override of the engine's speculation settings (None = engine default)."""
+
+    enabled: bool | None = None
+    drafter: str | None = None
+    num_draft_tokens: int | None = None
+
+
+@dataclass
+class Sequence:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    uniforms: PositionalUniforms
+    speculation: SpeculationOptions = field(default_factory=SpeculationOptions)
+    output_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    """Output text so far (cut before a stop string)."""
+    status: SequenceStatus = SequenceStatus.WAITING
+    slot: int = -1
+    num_computed: int = 0
+    finish_reason: str | None = None
+    stats: SpecStats = field(default_factory=SpecStats)
+    drafter_state: dict[str, object] = field(default_factory=dict)
+    arrival_time: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    prefill_done_time: float | None = None
+    finish_time: float | None = None
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def is_prefilling(self) -> bool:
+        """Prompt tokens remain to be evaluated (the last prompt token is evaluated by prefill too)."""
+        return not self.output_ids and self.num_computed < len(self.prompt_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def finish(self, reason: str) -> None:
+        assert self.status is not SequenceStatus.FINISHED, "a sequence finishes once"
+        self.status = SequenceStatus.FINISHED
+        self.finish_reason = reason
+        self.finish_time = time.perf_counter()

@@ -1,0 +1,86 @@
+"""Sampling parameters and the per-request random streams.
+
+Sampling is *coupled by position*: the token a request emits at output position ``i`` is drawn from the
+target's filtered distribution with the uniform number ``uniforms(SAMPLE_STREAM)[i]`` (inverse-CDF sampling).
+Plain decoding and speculative decoding with a deterministic (model-free) drafter therefore emit the *same*
+sampled text for the same seed, whatever the draft length chosen at each step. The draft model, whose
+proposals are themselves random, consumes a separate stream.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Stream ids for :class:`PositionalUniforms`; one independent uniform sequence per purpose.
+SAMPLE_STREAM = 0  # target sampling: plain steps, recovered and bonus tokens
+ACCEPT_STREAM = 1  # the accept/reject coin of rejection sampling against draft-model probabilities
+DRAFT_STREAM = 2  # the draft model sampling its own proposals
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request samples. ``temperature == 0`` means greedy (argmax, no softmax)."""
+
+    temperature: float = 0.0
+    """Softmax temperature; 0 selects greedy decoding."""
+    top_k: int = 0
+    """Keep the k most probable tokens; 0 disables."""
+    top_p: float = 1.0
+    """Keep the smallest set of tokens whose probability mass reaches top_p; 1 disables."""
+    min_p: float = 0.0
+    """Drop tokens whose probability is below min_p times the most probable one; 0 disables."""
+    seed: int | None = None
+    """Seed of the request's random streams; None draws one from the OS."""
+    max_tokens: int = 256
+    """Maximum number of generated tokens."""
+    stop: tuple[str, ...] = ()
+    """Stop strings; the output ends just before the first occurrence and excludes it."""
+    ignore_eos: bool = False
+    """Keep generating past end-of-generation tokens (benchmarks)."""
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables), got {self.top_k}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not (0.0 <= self.min_p <= 1.0):
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.seed is not None and not (0 <= self.seed < 2**63):
+            raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class PositionalUniforms:
+    """Reproducible uniforms in [0, 1) indexed by (stream, output position).
+
+    Each stream is an independent PCG64 sequence keyed by (seed, stream); values are generated in order and
+    cached, so ``take(s, i)`` is the same number however the positions are visited.
+    """
+
+    seed: int
+    _cache: dict[int, np.ndarray] = field(default_factory=dict)
+    _gens: dict[int, np.random.Generator] = field(default_factory=dict)
+
+    def take(self, stream: int, start: int, count: int) -> np.ndarray:
+        """Uniforms for positions ``start .. start + count - 1`` of ``stream``; float64 ``[count]``."""
+        end = start + count
+        have = self._cache.get(stream, np.empty(0))
+        if end > have.size:
+            gen = self._gens.setdefault(stream, np.random.Generator(np.random.PCG64([self.seed, stream])))
+            more = gen.random(max(end - have.size, 256))
+            have = np.concatenate([have, more])
+            self._cache[stream] = have
+        return have[start:end]

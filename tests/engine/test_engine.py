@@ -1,0 +1,239 @@
+"""End-to-end engine invariants on tiny real models (llama.cpp backend, exact mode).
+
+The central one: under greedy decoding, speculative output equals plain output token for token, for every
+drafter and draft length, alone or batched with other sequences.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from specserve.backends.llama_cpp import LlamaCppRuntime
+from specserve.drafters.base import Drafter, DraftOption, Proposal
+from specserve.drafters.draft_model import DraftModelDrafter
+from specserve.drafters.length_policy import CostAwarePolicy, DraftLengthPolicy, FixedLengthPolicy
+from specserve.drafters.ngram import NgramDrafter
+from specserve.engine.cost_model import CostModel, StepCostTable
+from specserve.engine.engine import EngineOptions, SpeculativeEngine
+from specserve.engine.sequence import Sequence, SpeculationOptions
+from specserve.request import SamplingParams
+from specserve.testing.tiny_models import TinyModels
+
+PROMPT = "def add(self, other):\n    return self.value + other.value\n" * 2
+
+
+def _runtime(path: Path, context: int = 512, max_sequences: int = 4) -> LlamaCppRuntime:
+    return LlamaCppRuntime(path, context_per_sequence=context, max_sequences=max_sequences, n_threads=1)
+
+
+@contextmanager
+def make_engine(
+    models: TinyModels,
+    draft: Path | None = None,
+    k: int = 4,
+    policy: DraftLengthPolicy | None = None,
+    context: int = 512,
+    extra: dict[str, Drafter] | None = None,
+) -> Iterator[SpeculativeEngine]:
+    target = _runtime(models.target, context)
+    drafters: dict[str, Drafter] = {"ngram": NgramDrafter()}
+    if draft is not None:
+        drafters["draft-model"] = DraftModelDrafter(_runtime(draft, context), p_min=0.0)
+    drafters.update(extra or {})
+    costs = CostModel(StepCostTable.from_samples({1: 1.0, 64: 64.0}))
+    engine = SpeculativeEngine(
+        target, drafters, policy or FixedLengthPolicy(), costs, EngineOptions(tuple(drafters), k)
+    )
+    try:
+        yield engine
+    finally:
+        engine.close()
+
+
+def run_all(
+    engine: SpeculativeEngine, requests: list[tuple[str, SamplingParams, str | None]]
+) -> list[Sequence]:
+    seqs = []
+    for i, (prompt, params, drafter) in enumerate(requests):
+        ids = engine.target.tokenize(prompt)
+        seqs.append(engine.add_request(f"r{i}", ids, params, SpeculationOptions(drafter=drafter)))
+    while engine.has_work():
+        engine.step()
+    return seqs
+
+
+def generate(
+    models: TinyModels, params: SamplingParams, drafter: str | None = "none", **kw: object
+) -> Sequence:
+    with make_engine(models, **kw) as engine:  # type: ignore[arg-type]
+        return run_all(engine, [(PROMPT, params, drafter)])[0]
+
+
+GREEDY = SamplingParams(max_tokens=48)
+
+
+@pytest.fixture(scope="module")
+def plain_greedy(tiny_models: TinyModels) -> Sequence:
+    return generate(tiny_models, GREEDY)
+
+
+@pytest.mark.parametrize("k", [1, 3, 8, 16])
+@pytest.mark.parametrize("which", ["draft", "draft_close", "target"])
+def test_greedy_draft_model_equals_plain(
+    tiny_models: TinyModels, plain_greedy: Sequence, which: str, k: int
+) -> None:
+    seq = generate(tiny_models, GREEDY, "draft-model", draft=getattr(tiny_models, which), k=k)
+    assert seq.output_ids == plain_greedy.output_ids
+    assert seq.text == plain_greedy.text
+    assert seq.stats.num_drafts > 0
+    assert seq.stats.num_accepted_tokens <= seq.stats.num_draft_tokens
+
+
+def test_self_draft_accepts_everything(tiny_models: TinyModels) -> None:
+    for params in (GREEDY, SamplingParams(max_tokens=48, temperature=0.9, top_k=30, top_p=0.95, seed=5)):
+        seq = generate(tiny_models, params, "draft-model", draft=tiny_models.target, k=6)
+        assert seq.stats.num_draft_tokens > 20
+        assert seq.stats.acceptance_rate >= 0.98
+
+
+def test_partial_acceptance_rolls_back_exactly(tiny_models: TinyModels, plain_greedy: Sequence) -> None:
+    seq = generate(tiny_models, GREEDY, "draft-model", draft=tiny_models.draft_close, k=8)
+    assert seq.output_ids == plain_greedy.output_ids
+    assert 0 < seq.stats.num_accepted_tokens < seq.stats.num_draft_tokens  # some drafts were rolled back
+    assert seq.stats.first_rejections
+
+
+def test_ngram_greedy_equals_plain_with_copyable_output(tiny_models: TinyModels) -> None:
+    # Feed the model's own greedy continuation back in the prompt, so prompt lookup finds long matches.
+    first = generate(tiny_models, SamplingParams(max_tokens=40))
+    with make_engine(tiny_models, k=8) as engine:
+        prompt = PROMPT + first.text
+        plain, spec = run_all(engine, [(prompt, GREEDY, "none"), (prompt, GREEDY, "ngram")])
+    assert spec.output_ids == plain.output_ids
+    assert spec.stats.num_drafts > 0
+
+
+def test_batched_sequences_match_solo_runs(tiny_models: TinyModels, plain_greedy: Sequence) -> None:
+    prompts = [PROMPT, "import numpy as np\n", "class Foo:\n    def __init__(self):"]
+    solo = [generate(tiny_models, GREEDY, "none").output_ids]
+    with make_engine(tiny_models) as engine:
+        solo += [run_all(engine, [(p, GREEDY, "none")])[0].output_ids for p in prompts[1:]]
+    with make_engine(tiny_models, draft=tiny_models.draft_close, k=5) as engine:
+        drafters = ["draft-model", "ngram", "draft-model"]
+        batched = run_all(engine, [(p, GREEDY, d) for p, d in zip(prompts, drafters, strict=True)])
+    assert [s.output_ids for s in batched] == solo
+    assert solo[0] == plain_greedy.output_ids
+
+
+def test_sampling_is_seeded_and_drafter_independent_for_model_free_drafts(tiny_models: TinyModels) -> None:
+    params = SamplingParams(max_tokens=40, temperature=0.8, top_p=0.9, seed=11)
+    plain = generate(tiny_models, params)
+    again = generate(tiny_models, params)
+    assert plain.output_ids == again.output_ids
+    # Positional coupling: one uniform per output position, so n-gram drafts do not change the sample.
+    with make_engine(tiny_models, k=8) as engine:
+        prompt = PROMPT + plain.text
+        base, spec = run_all(engine, [(prompt, params, "none"), (prompt, params, "ngram")])
+    assert spec.output_ids == base.output_ids
+    other = generate(tiny_models, SamplingParams(max_tokens=40, temperature=0.8, top_p=0.9, seed=12))
+    assert other.output_ids != plain.output_ids
+
+
+def test_draft_model_sampling_is_deterministic_for_a_seed(tiny_models: TinyModels) -> None:
+    params = SamplingParams(max_tokens=32, temperature=1.0, seed=3)
+    a = generate(tiny_models, params, "draft-model", draft=tiny_models.draft_close, k=4)
+    b = generate(tiny_models, params, "draft-model", draft=tiny_models.draft_close, k=4)
+    assert a.output_ids == b.output_ids and a.stats.num_drafts > 0
+
+
+def test_stop_string_inside_accepted_run(tiny_models: TinyModels, plain_greedy: Sequence) -> None:
+    text = plain_greedy.text
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    assert stop.strip(), "pick a visible stop string"
+    expected = text[: text.index(stop)]
+    params = SamplingParams(max_tokens=48, stop=(stop,))
+    plain = generate(tiny_models, params)
+    spec = generate(tiny_models, params, "draft-model", draft=tiny_models.target, k=16)
+    assert plain.text == expected and spec.text == expected
+    assert spec.output_ids == plain.output_ids
+    assert spec.finish_reason == plain.finish_reason == "stop"
+    assert spec.stats.num_accepted_tokens > 0
+
+
+def test_max_tokens_and_context_limit_stop_where_plain_stops(tiny_models: TinyModels) -> None:
+    for max_tokens in (1, 2, 7):
+        params = SamplingParams(max_tokens=max_tokens)
+        plain = generate(tiny_models, params)
+        spec = generate(tiny_models, params, "draft-model", draft=tiny_models.target, k=16)
+        assert len(plain.output_ids) == max_tokens and spec.output_ids == plain.output_ids
+        assert spec.finish_reason == "length"
+    long_params = SamplingParams(max_tokens=500)
+    plain = generate(tiny_models, long_params, context=96)
+    spec = generate(tiny_models, long_params, "draft-model", draft=tiny_models.target, k=16, context=96)
+    assert len(plain.tokens) == 96 and spec.output_ids == plain.output_ids
+    assert spec.finish_reason == plain.finish_reason == "length"
+
+
+def test_prompt_too_long_or_empty_is_rejected(tiny_models: TinyModels) -> None:
+    with make_engine(tiny_models, context=32) as engine:
+        with pytest.raises(ValueError, match="context holds 32"):
+            engine.add_request("x", list(range(40)), GREEDY)
+        with pytest.raises(ValueError, match="empty"):
+            engine.add_request("y", [], GREEDY)
+        with pytest.raises(ValueError, match="not available"):
+            engine.add_request("z", [1, 2], GREEDY, SpeculationOptions(drafter="nope"))
+
+
+def test_abort_frees_the_slot_and_others_continue(tiny_models: TinyModels, plain_greedy: Sequence) -> None:
+    with make_engine(tiny_models, draft=tiny_models.draft_close) as engine:
+        ids = engine.target.tokenize(PROMPT)
+        keep = engine.add_request("keep", ids, GREEDY, SpeculationOptions(drafter="draft-model"))
+        drop = engine.add_request("drop", ids, SamplingParams(max_tokens=400))
+        for _ in range(3):
+            engine.step()
+        assert engine.abort("drop") and drop.finish_reason == "abort"
+        assert not engine.abort("drop")
+        while engine.has_work():
+            engine.step()
+        assert keep.output_ids == plain_greedy.output_ids
+        assert len(engine.scheduler._free_slots) == engine.target.info.max_sequences
+
+
+class ExplodingDrafter(Drafter):
+    """Proposes garbage once, then raises: the engine must fall back to plain decoding."""
+
+    name = "exploding"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def available(self, seq: Sequence, limit: int) -> DraftOption:
+        return DraftOption(min(limit, 3))
+
+    def propose(self, seqs: object, num_tokens: list[int]) -> list[Proposal]:  # type: ignore[override]
+        self.calls += 1
+        if self.calls == 1:
+            return [Proposal([7] * k) for k in num_tokens]
+        raise RuntimeError("drafter bug")
+
+
+def test_failing_drafter_falls_back_to_plain_output(tiny_models: TinyModels, plain_greedy: Sequence) -> None:
+    exploding = ExplodingDrafter()
+    with make_engine(tiny_models, extra={"exploding": exploding}) as engine:
+        seq = run_all(engine, [(PROMPT, GREEDY, "exploding")])[0]
+        assert engine.stats.drafter_failures == 3
+        assert "exploding" not in engine.drafters  # disabled after repeated failures
+    assert seq.output_ids == plain_greedy.output_ids
+
+
+def test_cost_aware_policy_keeps_exactness(tiny_models: TinyModels, plain_greedy: Sequence) -> None:
+    costs = CostModel(StepCostTable.from_samples({1: 1.0, 16: 1.2, 64: 4.0}))  # GPU-like: drafting pays
+    seq = generate(
+        tiny_models, GREEDY, "draft-model", draft=tiny_models.target, k=8, policy=CostAwarePolicy(costs)
+    )
+    assert seq.output_ids == plain_greedy.output_ids
+    assert seq.stats.num_drafts > 0
