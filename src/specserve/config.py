@@ -64,14 +64,36 @@ class Settings:
     max_running: int = _setting(4, "Maximum sequences decoded together.", "--max-running")
     prefill_chunk: int = _setting(256, "Prompt tokens evaluated per engine step (chunked prefill).")
 
+    # -- server
+    host: str = _setting("127.0.0.1", "Address the HTTP server binds to.")
+    port: int = _setting(8000, "TCP port of the HTTP server.")
+    served_model_name: str | None = _setting(
+        None, "Model id reported by /v1/models and accepted in requests (default: the target's name)."
+    )
+    max_waiting: int = _setting(64, "Requests allowed to wait for a free sequence slot; more get 429.")
+    request_timeout: float = _setting(600.0, "Seconds a request may take before it is aborted (0 = none).")
+    max_request_bytes: int = _setting(1_000_000, "Largest accepted request body, in bytes.")
+
     def validate(self) -> Settings:
         def positive(name: str) -> None:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise SettingsError(f"{name} must be >= 1, got {value}")
 
-        for name in ("context_size", "threads", "max_running", "prefill_chunk", "ngram_min_n"):
+        for name in (
+            "context_size",
+            "threads",
+            "max_running",
+            "prefill_chunk",
+            "ngram_min_n",
+            "max_waiting",
+            "max_request_bytes",
+        ):
             positive(name)
+        if not 0 < self.port < 65536:
+            raise SettingsError(f"port must be in 1..65535, got {self.port}")
+        if self.request_timeout < 0:
+            raise SettingsError(f"request_timeout must be >= 0, got {self.request_timeout}")
         if not 0 <= self.num_draft_tokens <= 64:
             raise SettingsError(f"num_draft_tokens must be in [0, 64], got {self.num_draft_tokens}")
         if not 0.0 <= self.draft_p_min <= 1.0:

@@ -1,0 +1,77 @@
+"""The real default pair (Qwen2.5-Coder 1.5B target, 0.5B draft): exact-mode equality and acceptance.
+
+Marked ``model``: needs the assembled GGUF files (``specserve models pull``; .ci/run does it) and takes a
+minute or two on 2 cores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import pytest
+
+from specserve.config import Settings
+from specserve.drafters.length_policy import FixedLengthPolicy
+from specserve.engine.builder import build_engine
+from specserve.engine.engine import SpeculativeEngine
+from specserve.engine.sequence import SpeculationOptions
+from specserve.models import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET, ModelStore
+from specserve.request import SamplingParams
+
+pytestmark = pytest.mark.model
+
+PROMPTS = [
+    "Write a Python function that returns the n-th Fibonacci number iteratively.",
+    "Rename the variable `total` to `acc` and output the whole code:\n\n"
+    "def mean(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total / len(xs)\n",
+    "Explain in two sentences what a mutex is.",
+]
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[SpeculativeEngine]:
+    store = ModelStore()
+    if store.locate(CATALOG[DEFAULT_TARGET]) is None or store.locate(CATALOG[DEFAULT_DRAFT]) is None:
+        pytest.skip("default models not pulled (run: specserve models pull)")
+    settings = Settings(drafter="draft-model", draft_policy="fixed", num_draft_tokens=6, draft_p_min=0.0)
+    built, report = build_engine(dataclasses.replace(settings, max_running=2))
+    assert report.drafters == ["ngram", "draft-model"]
+    assert isinstance(built.policy, FixedLengthPolicy)
+    yield built
+    built.close()
+
+
+def _generate(engine: SpeculativeEngine, prompt: str, drafter: str, params: SamplingParams) -> list[int]:
+    from specserve.chat import render_chat
+
+    text = render_chat(engine.target, [{"role": "user", "content": prompt}])
+    ids = engine.target.tokenize(text, parse_special=True)
+    seq = engine.add_request(f"{drafter}-{hash(prompt)}", ids, params, SpeculationOptions(drafter=drafter))
+    while engine.has_work():
+        engine.step()
+    if drafter != "none":
+        _stats[drafter] = _stats.get(drafter, 0) + seq.stats.num_accepted_tokens
+    return seq.output_ids
+
+
+_stats: dict[str, int] = {}
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_exact_mode_speculative_equals_plain(engine: SpeculativeEngine, prompt: str) -> None:
+    params = SamplingParams(max_tokens=40)
+    plain = _generate(engine, prompt, "none", params)
+    assert _generate(engine, prompt, "draft-model", params) == plain
+    assert _generate(engine, prompt, "ngram", params) == plain
+
+
+def test_draft_model_is_accepted(engine: SpeculativeEngine) -> None:
+    assert _stats.get("draft-model", 0) > 0
+
+
+def test_sampled_generation_is_seeded(engine: SpeculativeEngine) -> None:
+    params = SamplingParams(max_tokens=16, temperature=0.7, top_p=0.9, seed=1)
+    a = _generate(engine, PROMPTS[0], "draft-model", params)
+    b = _generate(engine, PROMPTS[0], "draft-model", params)
+    assert a == b
