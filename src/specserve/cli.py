@@ -267,7 +267,7 @@ def _models(args: argparse.Namespace) -> int:
     if args.action == "list":
         rows = store.list()
         if args.json:
-            print(json.dumps([{k: str(v) for k, v in vars(r).items()} for r in rows], indent=2))
+            print(json.dumps([vars(r) for r in rows], indent=2, default=str))
         for r in rows:
             if not args.json:
                 state = "verified" if r.verified else ("present" if r.present else "missing")

@@ -60,6 +60,9 @@ class Settings:
         "Load the draft model: always (fail without it), never, or auto (only when the cost model says "
         "it could pay, or when --drafter draft-model asks for it).",
     )
+    calibration_cache: bool = _setting(
+        True, "Reuse a cost calibration measured in the last 24 h for the same model file, threads and mode."
+    )
     # -- batching
     max_running: int = _setting(4, "Maximum sequences decoded together.", "--max-running")
     prefill_chunk: int = _setting(256, "Prompt tokens evaluated per engine step (chunked prefill).")

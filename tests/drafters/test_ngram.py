@@ -1,4 +1,4 @@
-"""Prompt-lookup drafting on hand-built sequences: which earlier occurrence wins, what is proposed, buckets."""
+"""Prompt-lookup drafting on hand-built sequences: which occurrence wins, what is proposed, buckets."""
 
 from __future__ import annotations
 
@@ -95,7 +95,8 @@ def test_proposal_is_truncated_to_the_asked_number() -> None:
 
 
 @pytest.mark.parametrize(
-    ("match_len", "bucket"), [(2, "match<=2"), (3, "match<=4"), (8, "match<=8"), (9, "match<=16"), (40, "match>16")]
+    ("match_len", "bucket"),
+    [(2, "match<=2"), (3, "match<=4"), (8, "match<=8"), (9, "match<=16"), (40, "match>16")],
 )
 def test_bucket_reflects_match_length(match_len: int, bucket: str) -> None:
     repeated = list(range(100, 100 + match_len))

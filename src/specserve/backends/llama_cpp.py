@@ -126,6 +126,8 @@ class LlamaCppRuntime(ModelRuntime):
             n_threads=threads,
             exact=exact,
         )
+        # llama.cpp caps n_batch at the context size; a larger batch would abort the process (GGML_ASSERT).
+        batch_capacity = min(batch_capacity, int(lib.llama_n_batch(self._ctx)))
         self._capacity = batch_capacity
         self._batch = lib.llama_batch_init(batch_capacity, 0, 1)
         self._tokens = np.ctypeslib.as_array(self._batch.token, shape=(batch_capacity,))

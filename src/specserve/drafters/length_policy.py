@@ -173,9 +173,13 @@ class CostAwarePolicy(DraftLengthPolicy):
         return plans
 
     def _rate(self, plans: list[DraftPlan], extra_tokens: int) -> float:
-        """Expected tokens per second of one batch step under ``plans``."""
+        """Expected tokens per second of the decoding part of one batch step under ``plans``.
+
+        Prompt tokens sharing the pass are paid for whatever the plans are, so only the time they add on top
+        of the prompt tokens counts (the marginal cost of the verify positions).
+        """
         tokens = 0.0
-        verify_tokens = extra_tokens
+        verify_tokens = 0
         draft_rounds: dict[int, int] = {}
         catch_up = 0
         for plan in plans:
@@ -188,7 +192,8 @@ class CostAwarePolicy(DraftLengthPolicy):
                 catch_up += plan.setup_tokens
                 for r in range(1, plan.num_tokens):
                     draft_rounds[r] = draft_rounds.get(r, 0) + 1
-        seconds = self.costs.target(verify_tokens)
+        target = self.costs.target
+        seconds = max(target(extra_tokens + verify_tokens) - target(extra_tokens), 1e-3 * target(1))
         if self.costs.draft is not None and (catch_up or draft_rounds):
             seconds += self.costs.draft(catch_up) + sum(self.costs.draft(n) for n in draft_rounds.values())
         return tokens / seconds if seconds > 0 else 0.0

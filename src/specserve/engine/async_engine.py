@@ -88,7 +88,9 @@ class AsyncEngine:
         if self.error is not None or self._stopped:
             raise EngineDeadError(f"engine stopped: {self.error}")
         with self._lock:
-            if self._in_flight - len(self.engine.scheduler.running) >= self.max_waiting:
+            # Capacity is max_running + max_waiting requests in flight. (Subtracting the scheduler's running
+            # list instead counted requests still in the command queue as waiting, while slots were free.)
+            if self._in_flight - self.engine.scheduler.max_running >= self.max_waiting:
                 raise QueueFullError(f"the waiting queue is full ({self.max_waiting} requests)")
             self._in_flight += 1
         loop = asyncio.get_running_loop()
@@ -143,6 +145,8 @@ class AsyncEngine:
                     self._wake.wait()
                 self._wake.clear()
                 if not self._drain(sinks):
+                    for sink in sinks.values():  # shut down: no consumer may wait forever
+                        sink(EngineDeadError("engine shut down"))
                     return
                 if not self.engine.has_work():
                     continue
@@ -173,7 +177,11 @@ class AsyncEngine:
             if command is None:
                 return False
             if isinstance(command, _Abort):
-                if self.engine.abort(command.request_id):
+                seq = self.engine.scheduler.find(command.request_id)
+                if seq is not None and self.engine.abort(command.request_id):
+                    sink = sinks.get(command.request_id)
+                    if sink is not None:  # a consumer may still wait: tell it the request ended
+                        sink(RequestOutput(seq, [], "", True))
                     self._done(sinks, command.request_id)
                 continue
             try:

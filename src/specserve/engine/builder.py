@@ -12,7 +12,7 @@ from specserve.config import Settings
 from specserve.drafters.base import Drafter
 from specserve.drafters.length_policy import CostAwarePolicy, DraftLengthPolicy, FixedLengthPolicy
 from specserve.drafters.registry import DrafterContext, build_drafter
-from specserve.engine.cost_model import CostModel, StepCostTable, calibrate
+from specserve.engine.cost_model import CostModel, StepCostTable, cached_calibration
 from specserve.engine.engine import EngineOptions, SpeculativeEngine
 
 log = logging.getLogger("specserve.builder")
@@ -70,7 +70,14 @@ def build_engine(settings: Settings, calibrate_costs: bool = True) -> tuple[Spec
     target_path = store.resolve(settings.target)
     report.target_path = str(target_path)
     target = open_runtime(str(target_path), settings, settings.max_running)
-    costs = CostModel(calibrate(target, 0) if calibrate_costs else _flat_costs())
+    calib_dir = store.cache_dir / "calibration" if settings.calibration_cache else None
+    key = {
+        "threads": target.info.n_threads,
+        "exact": settings.exact,
+        "gpu_layers": settings.gpu_layers,
+        "context": target.info.context_per_sequence,
+    }
+    costs = CostModel(cached_calibration(target, 0, calib_dir, key) if calibrate_costs else _flat_costs())
 
     draft_runtime = None
     want_draft = settings.draft_path_or_none is not None and (
@@ -86,7 +93,9 @@ def build_engine(settings: Settings, calibrate_costs: bool = True) -> tuple[Spec
             draft_path = store.resolve(settings.draft_path_or_none)
             check_draft_compatible(read_vocab(target_path), read_vocab(draft_path))
             draft_runtime = open_runtime(str(draft_path), settings, settings.max_running)
-            costs.draft = calibrate(draft_runtime, 0) if calibrate_costs else _flat_costs()
+            costs.draft = (
+                cached_calibration(draft_runtime, 0, calib_dir, key) if calibrate_costs else _flat_costs()
+            )
             report.draft_path = str(draft_path)
         except Exception as exc:
             if settings.load_draft == "always" or settings.drafter == "draft-model":

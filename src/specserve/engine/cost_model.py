@@ -8,8 +8,11 @@ several sizes on a scratch sequence (``calibrate``), and afterwards every real d
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -96,6 +99,8 @@ def calibrate(
     The scratch sequence is left empty afterwards.
     """
     vocab = runtime.info.vocab_size
+    # A small context (--ctx-size 32) must still leave room for the timed calls after the context.
+    context_tokens = max(1, min(context_tokens, runtime.info.context_per_sequence // 2))
     rng = np.random.default_rng(0)
     context = [int(t) for t in rng.integers(0, min(vocab, 1000), context_tokens)]
     limit = runtime.info.context_per_sequence - context_tokens
@@ -118,3 +123,33 @@ def calibrate(
         samples[n] = min(times)
     runtime.free(scratch_seq)
     return StepCostTable.from_samples(samples, max_tokens=max_tokens)
+
+
+def cached_calibration(
+    runtime: ModelRuntime, scratch_seq: int, cache_dir: Path | None, key_parts: dict[str, object]
+) -> StepCostTable:
+    """``calibrate`` once per (model file, threads, mode) and reuse it for a day: the CLI starts faster, and
+    the online refinement corrects any drift. ``cache_dir=None`` always measures."""
+    if cache_dir is None:
+        return calibrate(runtime, scratch_seq)
+    path = Path(runtime.info.path)
+    stat = path.stat()
+    key = json.dumps(
+        {"file": str(path.resolve()), "size": stat.st_size, "mtime": stat.st_mtime, **key_parts},
+        sort_keys=True,
+        default=str,
+    )
+    file = cache_dir / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    try:
+        data = json.loads(file.read_text())
+        if time.time() - data["created"] < 86400:
+            return StepCostTable(np.array(data["seconds"], dtype=np.float64))
+    except (OSError, ValueError, KeyError):
+        pass
+    table = calibrate(runtime, scratch_seq)
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        file.write_text(json.dumps({"key": key, "created": time.time(), "seconds": table.seconds.tolist()}))
+    except OSError:
+        pass  # a read-only cache only costs a re-measurement next time
+    return table

@@ -1,0 +1,142 @@
+"""Server-sent events for streamed completions: chunk formatting, the event stream, and its cleanup.
+
+A stream is ``data: <chunk>`` events: for chat, first a chunk whose delta carries the role; then one chunk
+per non-empty text delta; then a chunk with an empty delta, the ``finish_reason`` and the request's
+``speculative`` statistics; with ``stream_options.include_usage`` an extra chunk with no choices and the
+usage; finally ``data: [DONE]``. An error after the response started (timeout, dead engine) becomes one
+``data: {"error": ...}`` event followed by ``data: [DONE]``.
+
+Cancellation: when the client disconnects, Starlette cancels the task that iterates the stream, and
+:class:`EventStreamResponse` closes the engine's output iterator in every case, which aborts the sequence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from specserve.engine.engine import RequestOutput
+from specserve.server.errors import APIError, from_engine_error, internal_error
+
+log = logging.getLogger("specserve.server")
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(payload: dict[str, Any], ascii_only: bool = False) -> bytes:
+    return b"data: " + json.dumps(payload, ensure_ascii=ascii_only).encode() + b"\n\n"
+
+
+@dataclass(frozen=True)
+class ChunkFormat:
+    """Builds the chunks of one streamed response (``chat.completion.chunk`` or ``text_completion``)."""
+
+    chat: bool
+    id: str
+    created: int
+    model: str
+    include_usage: bool
+
+    def _chunk(self, choice: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        chunk: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, **choice, "logprobs": None, "finish_reason": finish_reason}],
+        }
+        if self.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def opening(self) -> dict[str, Any] | None:
+        return self._chunk({"delta": {"role": "assistant", "content": ""}}) if self.chat else None
+
+    def delta(self, text: str) -> dict[str, Any]:
+        return self._chunk({"delta": {"content": text}} if self.chat else {"text": text})
+
+    def finish(self, reason: str | None, speculative: dict[str, float | int]) -> dict[str, Any]:
+        chunk = self._chunk({"delta": {}} if self.chat else {"text": ""}, reason)
+        chunk["speculative"] = speculative
+        return chunk
+
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        chunk = self._chunk({})
+        chunk["choices"] = []
+        chunk["usage"] = usage
+        return chunk
+
+
+async def stream_events(
+    first: Awaitable[RequestOutput], outputs: AsyncIterator[RequestOutput], fmt: ChunkFormat
+) -> AsyncGenerator[bytes, None]:
+    """The SSE body: ``first`` is the request's first output (already admitted), ``outputs`` the rest."""
+    try:
+        opening = fmt.opening()
+        if opening is not None:
+            yield sse(opening)
+        out = await first
+        while True:
+            if out.text_delta:
+                yield sse(fmt.delta(out.text_delta))
+            if out.finished:
+                break
+            out = await anext(outputs)
+        seq = out.seq
+        yield sse(fmt.finish(seq.finish_reason, seq.stats.as_dict()))
+        if fmt.include_usage:
+            yield sse(fmt.usage(len(seq.prompt_ids), len(seq.output_ids)))
+    except Exception as exc:
+        error = from_engine_error(exc)
+        if error is None:
+            log.error("error while streaming %s", fmt.id, exc_info=exc)
+            error = internal_error()
+        yield sse(error.body(), ascii_only=True)
+    yield DONE
+
+
+class EventStreamResponse(StreamingResponse):
+    """A ``text/event-stream`` response that always releases the engine request when it ends.
+
+    Starlette cancels the stream on disconnect but never closes the body iterator; a generator that was
+    suspended at a ``yield`` (or never started) would keep its request running. ``release`` fixes that.
+    """
+
+    def __init__(self, events: AsyncGenerator[bytes, None], release: Callable[[], Awaitable[None]]) -> None:
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        super().__init__(events, media_type="text/event-stream", headers=headers)
+        self._events = events
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._events.aclose()
+            await self._release()
+
+
+async def release_request(first: asyncio.Task[RequestOutput], outputs: AsyncGenerator[RequestOutput, None]) -> None:
+    """Stop a request's output stream: AsyncEngine aborts the sequence if it has not finished.
+
+    Idempotent. Either the first output is still awaited in its own task (cancel it) or the generator is
+    suspended between items (close it); both run ``AsyncEngine.generate``'s abort-on-exit.
+    """
+    if not first.done():
+        first.cancel()
+        return
+    if not first.cancelled():
+        first.exception()  # retrieved: no "exception was never retrieved" warning
+    await outputs.aclose()

@@ -1,0 +1,257 @@
+"""Draft length policies: the cost-aware choice on GPU-like and CPU-like cost tables; learning; fixed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from collections.abc import Sequence as Seq
+
+import pytest
+
+from specserve.drafters.base import Drafter, DraftOption, Proposal
+from specserve.drafters.length_policy import (
+    PRIOR_ACCEPTANCE,
+    CostAwarePolicy,
+    DraftPlan,
+    FixedLengthPolicy,
+    expected_tokens,
+)
+from specserve.drafters.ngram import NgramDrafter
+from specserve.engine.cost_model import CostModel, StepCostTable
+from specserve.engine.sequence import Sequence
+from specserve.request import PositionalUniforms, SamplingParams
+
+Options = dict[str, tuple[Drafter, DraftOption]]
+
+STEP = 0.010  # seconds of a one-token target step
+
+
+def gpu_like() -> StepCostTable:
+    """Verification is almost free up to 16 tokens, then grows."""
+    return StepCostTable.from_samples({1: STEP, 16: STEP * 1.05, 32: STEP * 2, 64: STEP * 4})
+
+
+def cpu_like() -> StepCostTable:
+    """Every token costs as much as the first: cost(n) = n * cost(1)."""
+    return StepCostTable.from_samples({1: STEP, 64: 64 * STEP})
+
+
+class StubDrafter(Drafter):
+    """Offers a fixed option; proposes zeros (the policy never looks at tokens)."""
+
+    name = "stub"
+
+    def __init__(self, option: DraftOption) -> None:
+        self.option = option
+
+    def available(self, seq: Sequence, limit: int) -> DraftOption:
+        return self.option
+
+    def propose(self, seqs: Seq[Sequence], num_tokens: Seq[int]) -> list[Proposal]:
+        return [Proposal([0] * k) for k in num_tokens]
+
+
+class OtherStub(StubDrafter):
+    name = "other"
+
+
+class ModelStub(StubDrafter):
+    name = "model-stub"
+    uses_model = True
+
+
+def make_seq(request_id: str = "r") -> Sequence:
+    return Sequence(request_id, [1, 2, 3], SamplingParams(), PositionalUniforms(0))
+
+
+def ngram_option(max_tokens: int = 16, bucket: str = "match>16") -> Options:
+    return {"ngram": (NgramDrafter(), DraftOption(max_tokens, bucket))}
+
+
+def assert_valid(plans: list[DraftPlan], options: Seq[Mapping[str, tuple[Drafter, DraftOption]]]) -> None:
+    assert len(plans) == len(options)
+    for plan, opts in zip(plans, options, strict=True):
+        if plan.drafter is None:
+            assert plan.num_tokens == 0
+            continue
+        offered = {drafter.name: option for drafter, option in opts.values()}
+        assert plan.drafter.name in offered
+        option = offered[plan.drafter.name]
+        assert 1 <= plan.num_tokens <= option.max_tokens
+        assert plan.bucket == option.bucket
+        assert plan.setup_tokens == option.setup_tokens
+        assert 0.0 <= plan.alpha <= 1.0
+
+
+# -- expected tokens --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("alpha", "k", "expected"),
+    [(0.5, 2, 1.75), (0.5, 0, 1.0), (0.5, 1, 1.5), (0.0, 5, 1.0), (1.0, 4, 5.0), (0.9, 2, 2.71)],
+)
+def test_expected_tokens(alpha: float, k: int, expected: float) -> None:
+    assert expected_tokens(alpha, k) == pytest.approx(expected)
+
+
+# -- cost-aware choice ------------------------------------------------------------------------------
+
+
+def test_gpu_like_costs_draft_long_for_a_long_match() -> None:
+    policy = CostAwarePolicy(CostModel(gpu_like()))
+    options = [ngram_option(16, "match>16")]
+    (plan,) = policy.plan([make_seq()], options)
+    assert_valid([plan], options)
+    assert isinstance(plan.drafter, NgramDrafter)
+    assert plan.num_tokens >= 10  # verifying ~15 tokens costs about one step
+    assert plan.bucket == "match>16"
+    assert plan.alpha == pytest.approx(PRIOR_ACCEPTANCE["match>16"])
+
+
+@pytest.mark.parametrize("bucket", ["match<=2", "match>16"])
+def test_cpu_like_costs_choose_plain_decoding(bucket: str) -> None:
+    # With cost(n) = n * cost(1), k drafts cost k + 1 steps and yield at most k + 1 tokens: never a win.
+    policy = CostAwarePolicy(CostModel(cpu_like()))
+    (plan,) = policy.plan([make_seq()], [ngram_option(16, bucket)])
+    assert plan == DraftPlan()
+    assert plan.drafter is None
+
+
+def test_nothing_offered_means_plain_decoding() -> None:
+    policy = CostAwarePolicy(CostModel(gpu_like()))
+    options: list[Options] = [{}, ngram_option(0, "")]
+    assert policy.plan([make_seq("a"), make_seq("b")], options) == [DraftPlan(), DraftPlan()]
+
+
+def test_full_acceptance_raises_alpha_and_the_draft_length() -> None:
+    policy = CostAwarePolicy(CostModel(gpu_like()))
+    seq = make_seq()
+    drafter = NgramDrafter()
+    before = policy.acceptance.alpha(seq, "ngram", "match<=2")
+    (plan_before,) = policy.plan([seq], [ngram_option(16, "match<=2")])
+    for _ in range(30):
+        policy.observe(seq, DraftPlan(drafter, 8, "match<=2", before), 8)
+    after = policy.acceptance.alpha(seq, "ngram", "match<=2")
+    assert after > before
+    assert after > 0.95
+    (plan_after,) = policy.plan([seq], [ngram_option(16, "match<=2")])
+    assert isinstance(plan_after.drafter, NgramDrafter)
+    assert plan_after.num_tokens > plan_before.num_tokens
+    assert plan_after.alpha == pytest.approx(after)
+
+
+def test_rejections_lower_alpha_and_turn_speculation_off() -> None:
+    policy = CostAwarePolicy(CostModel(gpu_like()))
+    seq = make_seq()
+    options = [ngram_option(16, "match<=8")]
+    (first,) = policy.plan([seq], options)
+    assert first.drafter is not None  # the prior (0.65) makes cheap verification worth it
+    before = policy.acceptance.alpha(seq, "ngram", "match<=8")
+    for _ in range(30):
+        policy.observe(seq, DraftPlan(first.drafter, 4, "match<=8", before), 0)
+    after = policy.acceptance.alpha(seq, "ngram", "match<=8")
+    assert after < before / 4
+    (plan,) = policy.plan([seq], options)
+    assert plan.drafter is None
+
+
+def test_acceptance_learned_on_one_request_is_a_prior_for_the_next() -> None:
+    policy = CostAwarePolicy(CostModel(gpu_like()))
+    first, second = make_seq("a"), make_seq("b")
+    prior = policy.acceptance.alpha(second, "ngram", "match<=4")
+    for _ in range(20):
+        policy.observe(first, DraftPlan(NgramDrafter(), 4, "match<=4", prior), 4)
+    shared = policy.acceptance.alpha(second, "ngram", "match<=4")
+    assert prior < shared < policy.acceptance.alpha(first, "ngram", "match<=4")
+    # Other buckets and drafters keep their priors.
+    assert policy.acceptance.alpha(second, "ngram", "match<=2") == pytest.approx(PRIOR_ACCEPTANCE["match<=2"])
+    assert policy.acceptance.alpha(second, "stub", "match<=4") == pytest.approx(PRIOR_ACCEPTANCE["match<=4"])
+
+
+def test_observe_ignores_plain_steps_and_empty_drafts() -> None:
+    policy = CostAwarePolicy(CostModel(gpu_like()))
+    seq = make_seq()
+    before = policy.acceptance.alpha(seq, "ngram", "match<=2")
+    policy.observe(seq, DraftPlan(), 0)
+    policy.observe(seq, DraftPlan(NgramDrafter(), 0, "match<=2"), 0)
+    assert policy.acceptance.global_counts == {}
+    assert policy.acceptance.alpha(seq, "ngram", "match<=2") == before
+
+
+@pytest.mark.parametrize("table", [gpu_like, cpu_like])
+@pytest.mark.parametrize("extra_tokens", [0, 1, 48, 200])
+def test_extra_tokens_keep_plans_valid(table: Callable[[], StepCostTable], extra_tokens: int) -> None:
+    policy = CostAwarePolicy(CostModel(table()))
+    seqs = [make_seq(str(i)) for i in range(4)]
+    options: list[Options] = [
+        ngram_option(16, "match>16"),
+        ngram_option(3, "match<=2"),
+        {"stub": (StubDrafter(DraftOption(5, "x")), DraftOption(5, "x")), **ngram_option(0, "")},
+        {},
+    ]
+    plans = policy.plan(seqs, options, extra_tokens=extra_tokens)
+    assert_valid(plans, options)
+    assert plans[3] == DraftPlan()
+    if table is cpu_like and extra_tokens == 0:
+        assert all(p.drafter is None for p in plans)
+
+
+@pytest.mark.parametrize("extra_tokens", [10, 48, 200])
+def test_prefill_in_the_same_pass_does_not_turn_cpu_speculation_on(extra_tokens: int) -> None:
+    # On a CPU-like table k drafts add k steps of verify time and at most k tokens, whatever else the pass
+    # evaluates: the prompt tokens are paid for either way, so plain decoding stays the better choice.
+    policy = CostAwarePolicy(CostModel(cpu_like()))
+    options = [ngram_option(16, "match>16"), ngram_option(16, "match<=2")]
+    plans = policy.plan([make_seq("a"), make_seq("b")], options, extra_tokens=extra_tokens)
+    assert plans == [DraftPlan(), DraftPlan()]
+
+
+def test_draft_model_cost_enters_the_decision() -> None:
+    option = DraftOption(8, "", setup_tokens=1)
+    options: list[Options] = [{"model-stub": (ModelStub(option), option)}]
+    slow_draft = CostModel(gpu_like(), draft=StepCostTable.from_samples({1: STEP, 64: 64 * STEP}))
+    fast_draft = CostModel(gpu_like(), draft=StepCostTable.from_samples({1: STEP / 10, 64: 6.4 * STEP}))
+    slow = CostAwarePolicy(slow_draft)
+    fast = CostAwarePolicy(fast_draft)
+    (slow_plan,) = slow.plan([make_seq()], options)
+    (fast_plan,) = fast.plan([make_seq()], options)
+    assert slow_plan.drafter is None  # a draft step as slow as a target step cannot pay
+    assert isinstance(fast_plan.drafter, ModelStub)
+    assert fast_plan.setup_tokens == 1
+    assert_valid([fast_plan], options)
+
+
+def test_batch_of_sequences_gets_valid_independent_plans() -> None:
+    policy = CostAwarePolicy(CostModel(gpu_like()))
+    seqs = [make_seq(str(i)) for i in range(3)]
+    options = [ngram_option(6, "match>16"), ngram_option(6, "match>16"), ngram_option(6, "match>16")]
+    plans = policy.plan(seqs, options)
+    assert_valid(plans, options)
+    assert all(p.drafter is not None for p in plans)
+
+
+# -- fixed length ---------------------------------------------------------------------------------
+
+
+def test_fixed_policy_takes_the_first_drafter_with_something_to_offer() -> None:
+    empty, offers, later = DraftOption(0), DraftOption(5, "b", setup_tokens=2), DraftOption(9, "c")
+    first, second, third = StubDrafter(empty), OtherStub(offers), NgramDrafter()
+    options: list[Options] = [
+        {"stub": (first, empty), "other": (second, offers), "ngram": (third, later)},
+        {"ngram": (third, later), "other": (second, offers)},
+        {"stub": (first, empty)},
+        {},
+    ]
+    plans = FixedLengthPolicy().plan([make_seq(str(i)) for i in range(4)], options, extra_tokens=100)
+    assert plans[0] == DraftPlan(second, 5, "b", 0.0, 2)
+    assert plans[1] == DraftPlan(third, 9, "c", 0.0, 0)
+    assert plans[2] == DraftPlan()
+    assert plans[3] == DraftPlan()
+    assert_valid(plans, options)
+
+
+def test_fixed_policy_learns_nothing() -> None:
+    policy = FixedLengthPolicy()
+    seq = make_seq()
+    policy.observe(seq, DraftPlan(NgramDrafter(), 4, "x"), 0)
+    (plan,) = policy.plan([seq], [ngram_option(7, "x")])
+    assert plan.num_tokens == 7

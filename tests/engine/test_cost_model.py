@@ -1,0 +1,154 @@
+"""The measured decode-cost table: interpolation, extrapolation, online refinement, and calibration."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from specserve.backends.base import DecodeChunk
+from specserve.backends.llama_cpp import LlamaCppRuntime
+from specserve.engine.cost_model import CALIBRATION_SIZES, CostModel, StepCostTable, calibrate
+from specserve.testing.tiny_models import TinyModels
+
+# -- from_samples ---------------------------------------------------------------------------------
+
+
+def test_from_samples_interpolates_between_samples() -> None:
+    table = StepCostTable.from_samples({1: 1.0, 3: 3.0, 5: 4.0}, max_tokens=5)
+    assert table.seconds.shape == (6,)
+    assert table.seconds.dtype == np.float64
+    assert table.seconds.tolist() == pytest.approx([0.0, 1.0, 2.0, 3.0, 3.5, 4.0])
+    assert table(0) == 0.0
+    assert table(-3) == 0.0
+
+
+def test_from_samples_extrapolates_linearly_with_the_last_slope() -> None:
+    table = StepCostTable.from_samples({1: 1.0, 3: 3.0, 5: 4.0}, max_tokens=8)
+    # Last slope (4 - 3) / (5 - 3) = 0.5 per token beyond n = 5.
+    assert [table(n) for n in (5, 6, 7, 8)] == pytest.approx([4.0, 4.5, 5.0, 5.5])
+
+
+def test_from_samples_never_extrapolates_downwards() -> None:
+    table = StepCostTable.from_samples({1: 2.0, 2: 1.0}, max_tokens=4)
+    assert [table(n) for n in (1, 2, 3, 4)] == pytest.approx([2.0, 1.0, 1.0, 1.0])
+
+
+def test_from_samples_unsorted_and_single_sample() -> None:
+    table = StepCostTable.from_samples({4: 4.0, 1: 1.0, 2: 2.0}, max_tokens=6)
+    assert [table(n) for n in range(1, 7)] == pytest.approx([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    flat = StepCostTable.from_samples({1: 0.5}, max_tokens=4)
+    assert [flat(n) for n in range(5)] == pytest.approx([0.0, 0.5, 0.5, 0.5, 0.5])
+
+
+def test_from_samples_beyond_max_tokens_interpolates_into_the_table() -> None:
+    table = StepCostTable.from_samples({1: 1.0, 100: 100.0}, max_tokens=10)
+    assert table.seconds.size == 11
+    assert table(10) == pytest.approx(10.0)
+
+
+def test_call_beyond_the_table_grows_per_token() -> None:
+    table = StepCostTable.from_samples({1: 1.0, 64: 64.0}, max_tokens=64)
+    assert table(64) == pytest.approx(64.0)
+    assert table(128) == pytest.approx(128.0)
+    assert table(65) > table(64)
+
+
+# -- observe / relative ---------------------------------------------------------------------------
+
+
+def test_observe_is_an_exponential_moving_average() -> None:
+    table = StepCostTable.from_samples({1: 1.0, 64: 64.0})
+    table.observe(1, 2.0)
+    assert table(1) == pytest.approx(0.95 * 1.0 + 0.05 * 2.0)
+    assert table.observations == 1
+    for _ in range(300):
+        table.observe(1, 2.0)
+    assert table(1) == pytest.approx(2.0, rel=1e-3)
+    assert table(2) == pytest.approx(2.0)  # other sizes are untouched
+    assert table.observations == 301
+
+
+@pytest.mark.parametrize("seconds", [3.5, 10.0, 0.3, 0.01])
+def test_observe_rejects_outliers(seconds: float) -> None:
+    table = StepCostTable.from_samples({1: 1.0, 64: 64.0})
+    table.observe(1, seconds)
+    assert table(1) == 1.0
+    assert table.observations == 0
+
+
+@pytest.mark.parametrize("n_tokens", [0, -1, 65, 1000])
+def test_observe_ignores_sizes_outside_the_table(n_tokens: int) -> None:
+    table = StepCostTable.from_samples({1: 1.0, 64: 64.0})
+    before = table.seconds.copy()
+    table.observe(n_tokens, 5.0)
+    assert np.array_equal(table.seconds, before)
+    assert table.observations == 0
+
+
+def test_relative_is_in_units_of_one_token_steps() -> None:
+    table = StepCostTable.from_samples({1: 2.0, 64: 128.0})
+    assert table.relative(1) == pytest.approx(1.0)
+    assert table.relative(4) == pytest.approx(4.0)
+    gpu = StepCostTable.from_samples({1: 2.0, 16: 2.2, 64: 8.0})
+    assert gpu.relative(16) == pytest.approx(1.1)
+
+
+def test_cost_model_as_dict_in_milliseconds() -> None:
+    costs = CostModel(StepCostTable.from_samples({1: 0.001, 64: 0.064}))
+    shown = costs.as_dict()
+    assert shown["draft_ms"] is None
+    target = shown["target_ms"]
+    assert isinstance(target, dict)
+    assert sorted(target) == sorted(CALIBRATION_SIZES)
+    assert target[1] == pytest.approx(1.0)
+    assert target[32] == pytest.approx(32.0)
+
+
+# -- calibrate ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def runtime(tiny_models: TinyModels) -> Iterator[LlamaCppRuntime]:
+    rt = LlamaCppRuntime(tiny_models.target, n_threads=1, context_per_sequence=256, max_sequences=2)
+    yield rt
+    rt.close()
+
+
+def test_calibrate_returns_a_positive_finite_table(runtime: LlamaCppRuntime) -> None:
+    table = calibrate(runtime, scratch_seq=1, repeats=2, max_tokens=48)
+    assert table.seconds.shape == (49,)
+    assert table.seconds[0] == 0.0
+    assert np.all(np.isfinite(table.seconds))
+    assert np.all(table.seconds[1:] > 0)
+    assert table(1) < 1.0  # the tiny model decodes a token in well under a second
+
+
+def test_calibrate_leaves_the_scratch_sequence_empty(
+    runtime: LlamaCppRuntime, tiny_models: TinyModels
+) -> None:
+    calibrate(runtime, scratch_seq=1, sizes=(1, 2, 4), repeats=1)
+    prompt = runtime.tokenize("def f(self, x):")
+    # Decoding at position 0 only works on an empty sequence, and must give a fresh runtime's logits.
+    (after,) = runtime.decode([DecodeChunk(1, prompt, 0, 2)])
+    after = after.copy()
+    fresh = LlamaCppRuntime(tiny_models.target, n_threads=1, context_per_sequence=256, max_sequences=2)
+    try:
+        (expected,) = fresh.decode([DecodeChunk(1, prompt, 0, 2)])
+        assert np.array_equal(after, expected)
+    finally:
+        fresh.close()
+
+
+def test_calibrate_stops_at_sizes_the_context_cannot_hold(tiny_models: TinyModels) -> None:
+    rt = LlamaCppRuntime(tiny_models.target, n_threads=1, context_per_sequence=64)
+    try:
+        # 48 context tokens leave room for 16: sizes 24 and 32 are skipped, the table extrapolates.
+        table = calibrate(rt, scratch_seq=0, repeats=1)
+        assert np.all(np.isfinite(table.seconds))
+        assert table(32) >= table(16) > 0
+        (rows,) = rt.decode([DecodeChunk(0, [1, 2, 3], 0, 1)])
+        assert rows.shape == (1, rt.info.vocab_size)
+    finally:
+        rt.close()

@@ -1,0 +1,177 @@
+"""Settings: one definition for flags, environment and YAML file; precedence, validation, display."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from specserve.config import Settings, SettingsError, add_arguments, env_name, load_settings, redacted
+
+
+def parse(*flags: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(flags))
+
+
+def write_yaml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "specserve.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults() -> None:
+    assert load_settings(parse(), env={}) == Settings()
+    assert load_settings(None, env={}) == Settings()
+
+
+def test_precedence_flags_over_env_over_file_over_defaults(tmp_path: Path) -> None:
+    config = write_yaml(tmp_path, "context_size: 1024\nthreads: 3\ndrafter: ngram\nnum-draft-tokens: 8\n")
+    env = {"SPECSERVE_CONTEXT_SIZE": "2048", "SPECSERVE_THREADS": "5"}
+
+    from_file = load_settings(parse(), env={}, config_file=config)
+    assert (from_file.context_size, from_file.threads, from_file.drafter) == (1024, 3, "ngram")
+    assert from_file.num_draft_tokens == 8  # YAML keys may use dashes
+
+    from_env = load_settings(parse(), env=env, config_file=config)
+    assert (from_env.context_size, from_env.threads, from_env.drafter) == (2048, 5, "ngram")
+
+    from_flags = load_settings(parse("--ctx-size", "3000"), env=env, config_file=config)
+    assert (from_flags.context_size, from_flags.threads, from_flags.drafter) == (3000, 5, "ngram")
+    assert from_flags.num_draft_tokens == 8
+    assert from_flags.draft_policy == Settings().draft_policy  # untouched by all three: default
+
+
+def test_unset_flags_do_not_override_lower_sources() -> None:
+    args = parse()
+    assert all(value is None for value in vars(args).values())
+    assert load_settings(args, env={"SPECSERVE_EXACT": "false"}).exact is False
+
+
+def test_every_setting_has_a_flag_and_an_env_name() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    dests = {action.dest for action in parser._actions}
+    for f in dataclasses.fields(Settings):
+        assert f.name in dests
+        assert f.metadata["help"]
+        assert env_name(f.name) == "SPECSERVE_" + f.name.upper()
+
+
+def test_add_arguments_subset() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, ("target", "context_size"))
+    assert set(vars(parser.parse_args([]))) == {"target", "context_size"}
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [("false", False), ("0", False), ("no", False), ("OFF", False), ("true", True), ("1", True), ("on", True),
+     (" Yes ", True)],
+)  # fmt: skip
+def test_bool_from_env(env: str, expected: bool) -> None:
+    assert load_settings(env={"SPECSERVE_EXACT": env}).exact is expected
+
+
+def test_bool_from_flags_and_file(tmp_path: Path) -> None:
+    assert load_settings(parse("--no-exact"), env={}).exact is False
+    assert load_settings(parse("--exact"), env={"SPECSERVE_EXACT": "0"}).exact is True
+    assert load_settings(env={}, config_file=write_yaml(tmp_path, "exact: false\n")).exact is False
+
+
+def test_invalid_bool_names_the_setting() -> None:
+    with pytest.raises(SettingsError, match="exact"):
+        load_settings(env={"SPECSERVE_EXACT": "maybe"})
+
+
+def test_optional_settings_read_none(tmp_path: Path) -> None:
+    assert load_settings(env={"SPECSERVE_THREADS": ""}).threads is None
+    assert load_settings(env={"SPECSERVE_THREADS": "null"}).threads is None
+    assert load_settings(env={}, config_file=write_yaml(tmp_path, "draft: null\n")).draft is None
+    settings = load_settings(parse("--draft", "none"), env={})
+    assert settings.draft == "none"
+    assert settings.draft_path_or_none is None
+    assert Settings().draft_path_or_none == Settings().draft
+
+
+@pytest.mark.parametrize(
+    ("env", "setting"),
+    [
+        ({"SPECSERVE_CONTEXT_SIZE": "abc"}, "context_size"),
+        ({"SPECSERVE_CONTEXT_SIZE": "0"}, "context_size"),
+        ({"SPECSERVE_THREADS": "-2"}, "threads"),
+        ({"SPECSERVE_MAX_RUNNING": "0"}, "max_running"),
+        ({"SPECSERVE_PREFILL_CHUNK": "0"}, "prefill_chunk"),
+        ({"SPECSERVE_NGRAM_MIN_N": "0"}, "ngram_min_n"),
+        ({"SPECSERVE_NUM_DRAFT_TOKENS": "65"}, "num_draft_tokens"),
+        ({"SPECSERVE_NUM_DRAFT_TOKENS": "-1"}, "num_draft_tokens"),
+        ({"SPECSERVE_DRAFT_P_MIN": "1.5"}, "draft_p_min"),
+        ({"SPECSERVE_DRAFT_P_MIN": "high"}, "draft_p_min"),
+        ({"SPECSERVE_DRAFTER": "bogus"}, "drafter"),
+        ({"SPECSERVE_DRAFT_POLICY": "greedy"}, "draft_policy"),
+        ({"SPECSERVE_LOAD_DRAFT": "sometimes"}, "load_draft"),
+    ],
+)
+def test_invalid_values_name_the_setting(env: dict[str, str], setting: str) -> None:
+    with pytest.raises(SettingsError, match=setting):
+        load_settings(env=env)
+
+
+def test_invalid_flag_value_names_the_setting() -> None:
+    with pytest.raises(SettingsError, match="context_size"):
+        load_settings(parse("--ctx-size", "0"), env={})
+
+
+def test_invalid_value_in_file_names_the_setting(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="drafter"):
+        load_settings(env={}, config_file=write_yaml(tmp_path, "drafter: magic\n"))
+    with pytest.raises(SettingsError, match="context_size"):
+        load_settings(env={}, config_file=write_yaml(tmp_path, "context_size: [1, 2]\n"))
+
+
+def test_unknown_key_in_file(tmp_path: Path) -> None:
+    config = write_yaml(tmp_path, "context_size: 1024\nflash_attention: true\n")
+    with pytest.raises(SettingsError, match="unknown setting 'flash_attention'") as excinfo:
+        load_settings(env={}, config_file=config)
+    assert str(config) in str(excinfo.value)
+
+
+@pytest.mark.parametrize("text", ["- a\n- b\n", "just a string\n", "key: [unclosed\n"])
+def test_malformed_file(tmp_path: Path, text: str) -> None:
+    config = write_yaml(tmp_path, text)
+    with pytest.raises(SettingsError, match="config file") as excinfo:
+        load_settings(env={}, config_file=config)
+    assert str(config) in str(excinfo.value)
+
+
+def test_missing_or_empty_file(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="config file"):
+        load_settings(env={}, config_file=tmp_path / "absent.yaml")
+    assert load_settings(env={}, config_file=write_yaml(tmp_path, "")) == Settings()
+
+
+def test_environment_defaults_to_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECSERVE_NUM_DRAFT_TOKENS", "5")
+    assert load_settings().num_draft_tokens == 5
+
+
+def test_redacted_shows_every_setting() -> None:
+    settings = load_settings(parse("--ctx-size", "512"), env={})
+    shown = redacted(settings)
+    assert list(shown) == [f.name for f in dataclasses.fields(Settings)]
+    assert shown["context_size"] == 512
+    assert json.loads(json.dumps(shown)) == shown
+
+
+def test_redacted_hides_secrets() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class WithSecret(Settings):
+        api_key: str | None = dataclasses.field(default=None, metadata={"help": "key", "secret": True})
+
+    assert redacted(WithSecret(api_key="s3cret"))["api_key"] == "***"
+    assert redacted(WithSecret())["api_key"] is None
+    assert redacted(WithSecret(api_key="s3cret"))["target"] == Settings().target
