@@ -73,8 +73,15 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--prompts", default=None, help="JSONL file of {kind, prompt} (default: built-in).")
     bench.add_argument("--max-tokens", type=int, default=128)
     bench.add_argument("--limit", type=int, default=None, help="Prompts per kind.")
+    bench.add_argument(
+        "--exact-cost", action="store_true", help="Only measure exact vs fast mode decode cost (interleaved)."
+    )
     bench.add_argument("--config", default=None)
     add_arguments(bench, GENERATE_SETTINGS)
+
+    serve = sub.add_parser("serve", help="Run the OpenAI-compatible HTTP server.")
+    serve.add_argument("--config", default=None, help="YAML settings file.")
+    add_arguments(serve)
 
     config = sub.add_parser("config", help="Show the effective configuration.")
     config.add_argument("action", choices=["show"])
@@ -95,6 +102,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _models(args)
         if args.command == "bench":
             return _bench(args)
+        if args.command == "serve":
+            from specserve.server.main import serve
+
+            return serve(load_settings(args, config_file=args.config), log_level=args.log_level)
         if args.command == "config":
             print(json.dumps(redacted(load_settings(args, config_file=args.config)), indent=2))
             return 0
@@ -193,6 +204,18 @@ def _bench(args: argparse.Namespace) -> int:
 
     if not args.in_process:
         raise CliError("only --in-process is available in this version")
+    command = "specserve " + " ".join(sys.argv[1:]) if sys.argv[1:] else "specserve bench --in-process"
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.exact_cost:
+        from specserve.bench.engine_bench import measure_exact_cost
+        from specserve.bench.engine_report import render_exact_cost
+
+        cost = measure_exact_cost(_with_single_sequence(load_settings(args, config_file=args.config)))
+        (out / "exact_cost.json").write_text(json.dumps(cost, indent=2))
+        (out / "exact_cost.md").write_text(render_exact_cost(cost, command))
+        print(render_exact_cost(cost, command))
+        return 0
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
     if unknown:
@@ -215,11 +238,8 @@ def _bench(args: argparse.Namespace) -> int:
     result = run_engine_bench(
         settings, prompts, modes, args.max_tokens, progress=lambda m: print(m, file=sys.stderr)
     )
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     data = result.as_dict()
     (out / "report.json").write_text(json.dumps(data, indent=2))
-    command = "specserve " + " ".join(sys.argv[1:]) if sys.argv[1:] else "specserve bench --in-process"
     (out / "report.md").write_text(render_markdown(data, command))
     print(render_markdown(data, command))
     return 0

@@ -61,6 +61,9 @@ class RuntimeInfo:
     max_sequences: int
     n_threads: int
     exact: bool
+    max_verify_tokens: int = 1 << 16
+    """Longest verify chunk (pending token + drafts) whose logits equal one-token steps bit for bit; the
+    engine never drafts more than this minus one. Unbounded unless the backend is in exact mode."""
 
 
 class ModelRuntime(ABC):

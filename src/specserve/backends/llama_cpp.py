@@ -30,6 +30,10 @@ import numpy.typing as npt
 
 from specserve.backends.base import DecodeChunk, DecodeError, ModelLoadError, ModelRuntime, RuntimeInfo
 
+# ggml's CPU backend switches K-quant matrix products to a tiled kernel at 8 rows (ggml-cpu/tiled/tiled.cpp,
+# ggml_tiled_min_batch); below that every row goes through the same vec_dot kernel as a one-token step.
+EXACT_MAX_ROWS = 7
+
 _BACKEND_READY = False
 _LOG_CALLBACK: Any = None  # keep the ctypes callback alive for the process lifetime
 _GGML_LOG_WARN = 3  # ggml.h: NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5
@@ -125,6 +129,7 @@ class LlamaCppRuntime(ModelRuntime):
             max_sequences=max_sequences,
             n_threads=threads,
             exact=exact,
+            max_verify_tokens=EXACT_MAX_ROWS if exact else batch_capacity,
         )
         # llama.cpp caps n_batch at the context size; a larger batch would abort the process (GGML_ASSERT).
         batch_capacity = min(batch_capacity, int(lib.llama_n_batch(self._ctx)))
@@ -180,29 +185,43 @@ class LlamaCppRuntime(ModelRuntime):
     # -- evaluation -------------------------------------------------------------------------------
 
     def decode(self, chunks: Sequence[DecodeChunk]) -> list[npt.NDArray[np.float32]]:
-        if sum(len(c.tokens) for c in chunks) <= self._capacity:
-            return self._decode_one(chunks)
-        # Larger than one llama batch (a long prefill): evaluate pieces in turn and copy their logits out,
-        # because each llama_decode call overwrites the logits buffer.
+        calls = self._plan_calls(chunks)
+        if len(calls) == 1:
+            return self._decode_one([piece for _, piece in calls[0]])
+        # Several llama_decode calls: copy logits out after each, as every call overwrites the buffer.
         per_chunk: list[list[npt.NDArray[np.float32]]] = [[] for _ in chunks]
-        group: list[tuple[int, DecodeChunk]] = []
-
-        def flush() -> None:
-            arrays = self._decode_one([piece for _, piece in group])
-            for (index, _), arr in zip(group, arrays, strict=True):
+        for call in calls:
+            arrays = self._decode_one([piece for _, piece in call])
+            for (index, _), arr in zip(call, arrays, strict=True):
                 per_chunk[index].append(arr.copy())
-            group.clear()
+        return [np.concatenate(parts) for parts in per_chunk]
 
+    def _plan_calls(self, chunks: Sequence[DecodeChunk]) -> list[list[tuple[int, DecodeChunk]]]:
+        """Group chunks (split to the batch capacity) into llama_decode calls.
+
+        Exact mode keeps every row's kernel independent of its batch-mates: ggml computes K-quant matrix
+        products of 8 or more rows with a tiled kernel whose rounding differs from the row-by-row kernel used
+        below 8 rows. So a chunk of 8+ rows (a prompt chunk) gets a call of its own — as it would alone — and
+        smaller chunks share calls of at most ``EXACT_MAX_ROWS`` rows.
+        """
+        limit = EXACT_MAX_ROWS if self.info.exact else self._capacity
+        calls: list[list[tuple[int, DecodeChunk]]] = []
+        current: list[tuple[int, DecodeChunk]] = []
         used = 0
         for index, chunk in enumerate(chunks):
             for piece in self._split(chunk):
-                if used + len(piece.tokens) > self._capacity:
-                    flush()
-                    used = 0
-                group.append((index, piece))
-                used += len(piece.tokens)
-        flush()
-        return [np.concatenate(parts) for parts in per_chunk]
+                n = len(piece.tokens)
+                if n > limit:
+                    calls.append([(index, piece)])
+                    continue
+                if used + n > limit:
+                    calls.append(current)
+                    current, used = [], 0
+                current.append((index, piece))
+                used += n
+        if current:
+            calls.append(current)
+        return calls
 
     def _split(self, chunk: DecodeChunk) -> list[DecodeChunk]:
         """Cut a chunk into batch-sized pieces; only the pieces holding its last tokens want logits."""

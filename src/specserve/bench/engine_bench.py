@@ -178,3 +178,40 @@ def _settings_summary(settings: Settings) -> dict[str, Any]:
         "draft_p_min",
     )
     return {k: getattr(settings, k) for k in keys} | {"date": time.strftime("%Y-%m-%d %H:%M")}
+
+
+def measure_exact_cost(
+    settings: Settings, sizes: tuple[int, ...] = (1, 2, 4, 8, 16), repeats: int = 10
+) -> dict[str, Any]:
+    """Median decode time of the target in exact mode vs repacked weights, interleaved call by call."""
+    import statistics
+
+    from specserve.backends.base import DecodeChunk
+
+    path = _resolve(settings, settings.target)
+    runtimes = {
+        "exact": open_runtime(path, dataclasses.replace(settings, exact=True), 1),
+        "fast": open_runtime(path, dataclasses.replace(settings, exact=False), 1),
+    }
+    try:
+        context = runtimes["exact"].tokenize("def example(values):\n    return [v * 2 for v in values]\n" * 4)
+        for runtime in runtimes.values():
+            runtime.decode([DecodeChunk(0, context, 0, 1)])
+        times: dict[tuple[str, int], list[float]] = {(m, n): [] for m in runtimes for n in sizes}
+        for _ in range(repeats):
+            for n in sizes:
+                for mode, runtime in runtimes.items():
+                    start = time.perf_counter()
+                    runtime.decode([DecodeChunk(0, context[:n], len(context), n)])
+                    times[(mode, n)].append(time.perf_counter() - start)
+                    runtime.truncate(0, len(context))
+    finally:
+        for runtime in runtimes.values():
+            runtime.close()
+    return {
+        str(n): {
+            "exact_ms": round(statistics.median(times[("exact", n)]) * 1000, 2),
+            "fast_ms": round(statistics.median(times[("fast", n)]) * 1000, 2),
+        }
+        for n in sizes
+    }

@@ -70,21 +70,28 @@ class AcceptanceTracker:
     global_counts: dict[tuple[str, str], _Counts] = field(default_factory=dict)
 
     def alpha(self, seq: Sequence, drafter: str, bucket: str) -> float:
-        key = (drafter, bucket)
+        """Acceptance estimate: the global (drafter, bucket) posterior, refined by this request's record.
+
+        The request's own record is kept per drafter, not per bucket: a request that is copying its input
+        accepts long runs whatever the match length says, and one that is not rejects even long matches.
+        """
         prior = PRIOR_ACCEPTANCE.get(bucket, DEFAULT_PRIOR)
-        global_alpha = self.global_counts.get(key, _Counts()).posterior(prior, _GLOBAL_PRIOR_WEIGHT)
-        own = self._seq_counts(seq).get(key, _Counts())
+        global_alpha = self.global_counts.get((drafter, bucket), _Counts()).posterior(
+            prior, _GLOBAL_PRIOR_WEIGHT
+        )
+        own = self._seq_counts(seq).get(drafter, _Counts())
         return min(own.posterior(global_alpha, _SEQ_PRIOR_WEIGHT), 0.995)
 
     def observe(self, seq: Sequence, drafter: str, bucket: str, num_draft: int, num_accepted: int) -> None:
         if num_draft <= 0:
             return
-        key = (drafter, bucket)
-        self.global_counts.setdefault(key, _Counts()).add(num_draft, num_accepted, _GLOBAL_DECAY)
-        self._seq_counts(seq).setdefault(key, _Counts()).add(num_draft, num_accepted, _SEQ_DECAY)
+        self.global_counts.setdefault((drafter, bucket), _Counts()).add(
+            num_draft, num_accepted, _GLOBAL_DECAY
+        )
+        self._seq_counts(seq).setdefault(drafter, _Counts()).add(num_draft, num_accepted, _SEQ_DECAY)
 
     @staticmethod
-    def _seq_counts(seq: Sequence) -> dict[tuple[str, str], _Counts]:
+    def _seq_counts(seq: Sequence) -> dict[str, _Counts]:
         counts = seq.drafter_state.setdefault("_acceptance", {})
         assert isinstance(counts, dict)
         return counts

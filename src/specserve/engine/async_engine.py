@@ -145,8 +145,8 @@ class AsyncEngine:
                     self._wake.wait()
                 self._wake.clear()
                 if not self._drain(sinks):
-                    for sink in sinks.values():  # shut down: no consumer may wait forever
-                        sink(EngineDeadError("engine shut down"))
+                    for waiting in sinks.values():  # shut down: no consumer may wait forever
+                        waiting(EngineDeadError("engine shut down"))
                     return
                 if not self.engine.has_work():
                     continue
@@ -185,7 +185,9 @@ class AsyncEngine:
                     self._done(sinks, command.request_id)
                 continue
             try:
-                self.engine.add_request(command.request_id, command.prompt_ids, command.params, command.speculation)
+                self.engine.add_request(
+                    command.request_id, command.prompt_ids, command.params, command.speculation
+                )
             except ValueError as exc:
                 command.sink(exc)
                 with self._lock:
@@ -193,7 +195,9 @@ class AsyncEngine:
                 continue
             sinks[command.request_id] = command.sink
 
-    def _done(self, sinks: dict[str, Callable[[RequestOutput | BaseException], None]], request_id: str) -> None:
+    def _done(
+        self, sinks: dict[str, Callable[[RequestOutput | BaseException], None]], request_id: str
+    ) -> None:
         if sinks.pop(request_id, None) is not None:
             with self._lock:
                 self._in_flight -= 1

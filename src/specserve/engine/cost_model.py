@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -126,7 +127,7 @@ def calibrate(
 
 
 def cached_calibration(
-    runtime: ModelRuntime, scratch_seq: int, cache_dir: Path | None, key_parts: dict[str, object]
+    runtime: ModelRuntime, scratch_seq: int, cache_dir: Path | None, key_parts: Mapping[str, object]
 ) -> StepCostTable:
     """``calibrate`` once per (model file, threads, mode) and reuse it for a day: the CLI starts faster, and
     the online refinement corrects any drift. ``cache_dir=None`` always measures."""

@@ -167,7 +167,8 @@ class SpeculativeEngine:
         bound = self.options.num_draft_tokens if bound is None else bound
         room = self.target.info.context_per_sequence - seq.num_tokens
         left = seq.params.max_tokens - len(seq.output_ids) - 1  # the verify step emits one more itself
-        return max(0, min(bound, room, left))
+        exact_cap = self.target.info.max_verify_tokens - 1
+        return max(0, min(bound, room, left, exact_cap))
 
     def _draft(self, seqs: list[Sequence], plans: list[DraftPlan]) -> list[Proposal]:
         """Run each chosen drafter once over all its sequences; a failing drafter means plain steps."""

@@ -2,6 +2,7 @@
 
 Requests wait in FIFO order until a KV slot is free. Prompts are prefilled in chunks under a per-step token
 budget, so a long prompt joins the running batch without stalling the sequences that are already decoding.
+Chunk boundaries never depend on other requests (see ``schedule``).
 """
 
 from __future__ import annotations
@@ -51,8 +52,10 @@ class Scheduler:
         budget = self.prefill_budget
         for seq in self.running:
             if seq.is_prefilling:
-                if budget > 0:
-                    n = min(budget, len(seq.prompt_ids) - seq.num_computed)
+                # Whole chunks at fixed offsets (multiples of the budget): a prompt is cut the same way
+                # whoever else is running, so exact mode computes it exactly as it would alone.
+                n = min(self.prefill_budget, len(seq.prompt_ids) - seq.num_computed)
+                if n <= budget:
                     batch.prefills.append((seq, n))
                     budget -= n
             else:

@@ -20,6 +20,8 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
+from specserve.engine.async_engine import EngineDeadError, QueueFullError, RequestTimeoutError
+
 log = logging.getLogger("specserve.server")
 
 RETRY_AFTER_SECONDS = 1
@@ -79,7 +81,9 @@ def timed_out(message: str) -> APIError:
 
 
 def internal_error() -> APIError:
-    return APIError(500, "The server had an internal error; it has been logged.", "server_error", code="internal")
+    return APIError(
+        500, "The server had an internal error; it has been logged.", "server_error", code="internal"
+    )
 
 
 def param_name(loc: Sequence[int | str]) -> str | None:
@@ -104,6 +108,8 @@ def from_validation(errors: Sequence[Mapping[str, Any]]) -> APIError:
         return invalid_request(f"The request body is not valid JSON: {message}")
     if param is None:
         return invalid_request(f"Invalid request body: {message}")
+    if first.get("type") == "missing":
+        return invalid_request(f"Missing required field '{param}'.", param=param)
     return invalid_request(f"Invalid value for '{param}': {message}", param=param)
 
 
@@ -133,3 +139,18 @@ def install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
     app.add_exception_handler(Exception, on_unexpected)
+
+
+def from_engine_error(exc: BaseException) -> APIError | None:
+    """The client-facing error for an exception out of ``AsyncEngine.generate``; None if unexpected."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, QueueFullError):
+        return queue_full(f"The server is busy ({exc}); retry later.")
+    if isinstance(exc, RequestTimeoutError):
+        return timed_out(f"The request timed out: {exc}.")
+    if isinstance(exc, EngineDeadError):
+        return unavailable("The engine stopped; see the server log.", "engine_stopped")
+    if isinstance(exc, ValueError):  # the engine refused the request (add_request's checks)
+        return invalid_request(str(exc))
+    return None

@@ -1,10 +1,18 @@
 """OpenAI request and response schemas for ``/v1/completions`` and ``/v1/chat/completions``.
 
-Requests are validated strictly (no string-to-number coercion, no NaN) once, here. Supported fields: model,
-prompt / messages, max_tokens (and max_completion_tokens for chat), temperature (0..2, default 1), top_p,
-top_k (0 or -1 disables), min_p, seed, stop (a string or up to ``MAX_STOP_STRINGS`` strings), stream,
-stream_options.include_usage, n (1 only), user. Extensions: ``ignore_eos`` and a ``speculative`` object
-``{enabled, drafter, num_draft_tokens}`` that overrides the server's speculation default for the request.
+Requests are validated strictly (no string-to-number coercion, no NaN; ``null`` means the default) once,
+here. Supported fields:
+
+* ``model``: optional; the served model id (or the ``--target`` value), anything else is a 404;
+* ``prompt``: a string, a list of one string, or token ids (several prompts are a 400); ``messages`` with
+  roles system / developer / user / assistant and string (or text-part) content;
+* ``max_tokens`` (chat: also ``max_completion_tokens``): default is the room left in the context;
+  prompt + max_tokens beyond the context is a 400 naming both numbers;
+* ``temperature`` (0..2, default 1; 0 is greedy), ``top_p``, ``top_k`` (0 or -1 disables), ``min_p``,
+  ``seed``, ``stop`` (a string or up to ``MAX_STOP_STRINGS`` strings of at most ``MAX_STOP_LENGTH``
+  characters: more than OpenAI's 4), ``stream``, ``stream_options.include_usage``, ``n`` (1 only), ``user``;
+* extensions: ``ignore_eos`` and ``speculative: {enabled, drafter, num_draft_tokens}``, which overrides the
+  server's speculation default for the request (an unknown drafter is a 400).
 
 OpenAI fields this server does not implement (penalties, logit_bias, logprobs, tools ...) are accepted only
 at their neutral value and rejected otherwise; any other unknown field is ignored.
@@ -12,13 +20,14 @@ at their neutral value and rejected otherwise; any other unknown field is ignore
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from specserve.engine.sequence import SpeculationOptions
 from specserve.request import SamplingParams
-from specserve.server.errors import invalid_request
+from specserve.server.errors import from_validation, invalid_request
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
@@ -59,6 +68,12 @@ def _same(value: Any, neutral: Any) -> bool:
 
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, value: Any) -> Any:
+        """``"field": null`` means the default, as many OpenAI clients send it."""
+        return {k: v for k, v in value.items() if v is not None} if isinstance(value, dict) else value
 
 
 class SpeculativeRequest(_Strict):
@@ -168,9 +183,7 @@ class CompletionRequest(SamplingRequest):
     def _one_prompt(cls, value: Any) -> Any:
         if isinstance(value, list) and value and all(isinstance(v, str | list) for v in value):
             if len(value) != 1:
-                raise ValueError(
-                    f"{len(value)} prompts were given; this server takes one prompt per request"
-                )
+                raise ValueError(f"{len(value)} prompts were given; this server takes one prompt per request")
             return value[0]
         if isinstance(value, list) and not value:
             raise ValueError("the prompt must not be empty")
@@ -196,7 +209,11 @@ class ChatMessage(_Strict):
         if isinstance(content, list):
             texts = []
             for part in content:
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                if (
+                    not isinstance(part, dict)
+                    or part.get("type") != "text"
+                    or not isinstance(part.get("text"), str)
+                ):
                     raise ValueError("only string content or content parts of type 'text' are supported")
                 texts.append(part["text"])
             return {**value, "content": "".join(texts)}
@@ -215,8 +232,12 @@ class ChatCompletionRequest(SamplingRequest):
     def chat_messages(self) -> list[dict[str, str]]:
         """Messages for the chat template ('developer' is the newer name of 'system')."""
         return [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.content} for m in self.messages
+            {"role": "system" if m.role == "developer" else m.role, "content": m.content}
+            for m in self.messages
         ]
+
+
+RequestT = TypeVar("RequestT", bound=SamplingRequest)
 
 
 # -- responses ------------------------------------------------------------------------------------
@@ -277,3 +298,26 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+def parse_request(raw: bytes, schema: type[RequestT]) -> RequestT:
+    """Decode, parse and validate a request body; every failure is a 400 naming the problem."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise invalid_request(
+            f"The request body is not valid UTF-8 (bad byte at offset {exc.start})."
+        ) from None
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise invalid_request(f"The request body is not valid JSON: {exc.msg} (line {exc.lineno}).") from None
+    except (ValueError, RecursionError):  # e.g. an integer with thousands of digits, or absurd nesting
+        raise invalid_request("The request body is not acceptable JSON.") from None
+    if not isinstance(body, dict):
+        raise invalid_request("The request body must be a JSON object.")
+    check_unsupported(body)
+    try:
+        return schema.model_validate(body)
+    except ValidationError as exc:
+        raise from_validation(exc.errors()) from None

@@ -1,4 +1,4 @@
-"""Server-sent events for streamed completions: chunk formatting, the event stream, and its cleanup.
+"""One request's outputs on their way to the client: admission, SSE streaming, collection, cleanup.
 
 A stream is ``data: <chunk>`` events: for chat, first a chunk whose delta carries the role; then one chunk
 per non-empty text delta; then a chunk with an empty delta, the ``finish_reason`` and the request's
@@ -6,8 +6,9 @@ per non-empty text delta; then a chunk with an empty delta, the ``finish_reason`
 usage; finally ``data: [DONE]``. An error after the response started (timeout, dead engine) becomes one
 ``data: {"error": ...}`` event followed by ``data: [DONE]``.
 
-Cancellation: when the client disconnects, Starlette cancels the task that iterates the stream, and
-:class:`EventStreamResponse` closes the engine's output iterator in every case, which aborts the sequence.
+Disconnects: Starlette cancels the task that iterates a stream, and :class:`EventStreamResponse` then
+closes the engine's output iterator in every case, which aborts the sequence; a non-streamed request
+watches for the disconnect itself (:func:`collect`) and aborts.
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine import RequestOutput
-from specserve.server.errors import APIError, from_engine_error, internal_error
+from specserve.server import protocol as p
+from specserve.server.errors import from_engine_error, internal_error
 
 log = logging.getLogger("specserve.server")
 
@@ -31,12 +35,13 @@ DONE = b"data: [DONE]\n\n"
 
 
 def sse(payload: dict[str, Any], ascii_only: bool = False) -> bytes:
-    return b"data: " + json.dumps(payload, ensure_ascii=ascii_only).encode() + b"\n\n"
+    text = json.dumps(payload, ensure_ascii=ascii_only, separators=(",", ":"))
+    return b"data: " + text.encode() + b"\n\n"
 
 
 @dataclass(frozen=True)
 class ChunkFormat:
-    """Builds the chunks of one streamed response (``chat.completion.chunk`` or ``text_completion``)."""
+    """Builds one response: its stream chunks (``*.chunk`` / ``text_completion``) or its whole body."""
 
     chat: bool
     id: str
@@ -77,6 +82,29 @@ class ChunkFormat:
         chunk["choices"] = []
         chunk["usage"] = usage
         return chunk
+
+    def response(self, text: str, out: RequestOutput) -> dict[str, Any]:
+        """The non-streamed response body (``chat.completion`` or ``text_completion``)."""
+        seq = out.seq
+        prompt_tokens, completion_tokens = len(seq.prompt_ids), len(seq.output_ids)
+        usage = p.Usage(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        )
+        common = {"id": self.id, "created": self.created, "model": self.model}
+        response: p.CompletionResponse | p.ChatCompletionResponse
+        if self.chat:
+            choice = p.ChatChoice(message=p.AssistantMessage(content=text), finish_reason=seq.finish_reason)
+            response = p.ChatCompletionResponse.model_validate(
+                {**common, "choices": [choice], "usage": usage, "speculative": seq.stats.as_dict()}
+            )
+        else:
+            choices = [p.CompletionChoice(text=text, finish_reason=seq.finish_reason)]
+            response = p.CompletionResponse.model_validate(
+                {**common, "choices": choices, "usage": usage, "speculative": seq.stats.as_dict()}
+            )
+        return response.model_dump()
 
 
 async def stream_events(
@@ -128,7 +156,9 @@ class EventStreamResponse(StreamingResponse):
             await self._release()
 
 
-async def release_request(first: asyncio.Task[RequestOutput], outputs: AsyncGenerator[RequestOutput, None]) -> None:
+async def release_request(
+    first: asyncio.Task[RequestOutput], outputs: AsyncGenerator[RequestOutput, None]
+) -> None:
     """Stop a request's output stream: AsyncEngine aborts the sequence if it has not finished.
 
     Idempotent. Either the first output is still awaited in its own task (cancel it) or the generator is
@@ -140,3 +170,56 @@ async def release_request(first: asyncio.Task[RequestOutput], outputs: AsyncGene
     if not first.cancelled():
         first.exception()  # retrieved: no "exception was never retrieved" warning
     await outputs.aclose()
+
+
+async def admit(outputs: AsyncIterator[RequestOutput]) -> asyncio.Task[RequestOutput]:
+    """Start the request and wait for its first output in a task; admission errors raise here.
+
+    ``AsyncEngine.generate`` admits (or refuses with QueueFullError) before its first ``await``, so after one
+    turn of the event loop the task has either failed or passed admission: errors then still get a status.
+    """
+
+    async def first() -> RequestOutput:
+        return await anext(outputs)
+
+    task = asyncio.create_task(first())
+    try:
+        await asyncio.sleep(0)
+    except BaseException:  # the handler was cancelled: the request must not run unobserved
+        task.cancel()
+        raise
+    if task.done() and not task.cancelled() and (exc := task.exception()) is not None:
+        raise from_engine_error(exc) or exc
+    return task
+
+
+async def abort_on_disconnect(request: Request, engine: AsyncEngine, request_id: str) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    engine.abort(request_id)  # the request's consumer receives a final output and returns
+
+
+async def collect(
+    request: Request,
+    engine: AsyncEngine,
+    request_id: str,
+    first: asyncio.Task[RequestOutput],
+    outputs: AsyncGenerator[RequestOutput, None],
+) -> tuple[str, RequestOutput]:
+    """The whole text of a non-streamed request; a client that disconnects aborts it."""
+    watcher = asyncio.create_task(abort_on_disconnect(request, engine, request_id))
+    try:
+        out = await first
+        parts = [out.text_delta]
+        while not out.finished:
+            out = await anext(outputs)
+            parts.append(out.text_delta)
+        return "".join(parts), out
+    except Exception as exc:
+        error = from_engine_error(exc)
+        if error is None:
+            raise
+        raise error from None
+    finally:
+        watcher.cancel()
+        await release_request(first, outputs)
