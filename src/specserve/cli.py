@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import sys
@@ -29,6 +30,11 @@ GENERATE_SETTINGS = (
 )
 
 
+# Modules that add their own subcommands: each has ``add_subcommands(subparsers)`` and sets a ``handler``
+# default (a function of the parsed arguments returning the exit status) on its parsers.
+PLUGIN_COMMANDS: tuple[str, ...] = ("specserve.bench.commands",)
+
+
 class CliError(Exception):
     """A user error reported as one line, exit status 2."""
 
@@ -40,7 +46,9 @@ def _fail(message: str) -> NoReturn:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specserve", description=__doc__)
-    parser.add_argument("--log-level", default="WARNING", help="Python log level (DEBUG, INFO, WARNING).")
+    parser.add_argument(
+        "--log-level", dest="global_log_level", default=None, help="Python log level (DEBUG, INFO, WARNING)."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="Generate text from a prompt with speculative decoding.")
@@ -65,47 +73,44 @@ def _parser() -> argparse.ArgumentParser:
     models.add_argument("--model-dir", default=None)
     models.add_argument("--json", action="store_true")
 
-    bench = sub.add_parser("bench", help="Benchmark speculative vs plain decoding.")
-    bench.add_argument("--in-process", action="store_true", help="Benchmark the engine without a server.")
-    bench.add_argument("--output-dir", default="bench-out", help="Where report.json and report.md go.")
-    bench.add_argument("--modes", default="plain,ngram,draft-model,auto", help="Comma-separated modes.")
-    bench.add_argument("--kinds", default=None, help="Comma-separated prompt kinds (default: all).")
-    bench.add_argument("--prompts", default=None, help="JSONL file of {kind, prompt} (default: built-in).")
-    bench.add_argument("--max-tokens", type=int, default=128)
-    bench.add_argument("--limit", type=int, default=None, help="Prompts per kind.")
-    bench.add_argument(
-        "--exact-cost", action="store_true", help="Only measure exact vs fast mode decode cost (interleaved)."
-    )
-    bench.add_argument("--config", default=None)
-    add_arguments(bench, GENERATE_SETTINGS)
-
     serve = sub.add_parser("serve", help="Run the OpenAI-compatible HTTP server.")
     serve.add_argument("--config", default=None, help="YAML settings file.")
     add_arguments(serve)
 
-    config = sub.add_parser("config", help="Show the effective configuration.")
-    config.add_argument("action", choices=["show"])
+    config = sub.add_parser("config", help="Show the effective configuration, or document every setting.")
+    config.add_argument(
+        "action", choices=["show", "docs"], help="show: effective values; docs: Markdown table."
+    )
     config.add_argument("--config", default=None)
     add_arguments(config)
+    for module in PLUGIN_COMMANDS:
+        importlib.import_module(module).add_subcommands(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if getattr(args, "log_level", None) is None:  # `specserve --log-level X serve` sets the serve setting too
+        args.log_level = args.global_log_level and args.global_log_level.lower()
     logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=(args.log_level or "WARNING").upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
+        if getattr(args, "handler", None) is not None:
+            return int(args.handler(args))
         if args.command == "generate":
             return _generate(args)
         if args.command == "models":
             return _models(args)
-        if args.command == "bench":
-            return _bench(args)
         if args.command == "serve":
             from specserve.server.main import serve
 
-            return serve(load_settings(args, config_file=args.config), log_level=args.log_level)
+            return serve(load_settings(args, config_file=args.config))
+        if args.command == "config" and args.action == "docs":
+            from specserve.config_docs import settings_table
+
+            print(settings_table())
+            return 0
         if args.command == "config":
             print(json.dumps(redacted(load_settings(args, config_file=args.config)), indent=2))
             return 0
@@ -194,74 +199,6 @@ def _generate(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
-
-
-def _bench(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from specserve.bench.engine_bench import MODES, builtin_prompts, run_engine_bench
-    from specserve.bench.engine_report import render_markdown
-
-    if not args.in_process:
-        raise CliError("only --in-process is available in this version")
-    command = "specserve " + " ".join(sys.argv[1:]) if sys.argv[1:] else "specserve bench --in-process"
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if args.exact_cost:
-        from specserve.bench.engine_bench import measure_exact_cost
-        from specserve.bench.engine_report import render_exact_cost
-
-        cost = measure_exact_cost(_with_single_sequence(load_settings(args, config_file=args.config)))
-        (out / "exact_cost.json").write_text(json.dumps(cost, indent=2))
-        (out / "exact_cost.md").write_text(render_exact_cost(cost, command))
-        print(render_exact_cost(cost, command))
-        return 0
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = [m for m in modes if m not in MODES]
-    if unknown:
-        raise CliError(f"unknown mode(s) {', '.join(unknown)}; known: {', '.join(MODES)}")
-    if "plain" not in modes:
-        modes.insert(0, "plain")
-    prompts = builtin_prompts() if args.prompts is None else _read_jsonl(Path(args.prompts))
-    if args.kinds:
-        kinds = set(args.kinds.split(","))
-        prompts = [p for p in prompts if p["kind"] in kinds]
-    if args.limit:
-        per_kind: dict[str, int] = {}
-        kept = []
-        for p in prompts:
-            per_kind[p["kind"]] = per_kind.get(p["kind"], 0) + 1
-            if per_kind[p["kind"]] <= args.limit:
-                kept.append(p)
-        prompts = kept
-    settings = _with_single_sequence(load_settings(args, config_file=args.config))
-    result = run_engine_bench(
-        settings, prompts, modes, args.max_tokens, progress=lambda m: print(m, file=sys.stderr)
-    )
-    data = result.as_dict()
-    (out / "report.json").write_text(json.dumps(data, indent=2))
-    (out / "report.md").write_text(render_markdown(data, command))
-    print(render_markdown(data, command))
-    return 0
-
-
-def _read_jsonl(path: Any) -> list[dict[str, str]]:
-    rows = []
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror}") from None
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise CliError(f"{path}:{n}: invalid JSON ({exc.msg})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-            raise CliError(f"{path}:{n}: expected an object with a string 'prompt'")
-        rows.append({"kind": str(row.get("kind", "custom")), "prompt": row["prompt"]})
-    return rows
 
 
 def _with_single_sequence(settings: Settings) -> Settings:

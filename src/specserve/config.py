@@ -2,6 +2,8 @@
 
 Precedence: command-line flags > environment variables > config file > defaults. Every field documents
 itself (``help``); validation happens once, in ``Settings.validate``, with messages that name the setting.
+Secrets (``secret=True``: API and admin keys) come from the environment only: they have no flag, a config
+file may not hold them, and ``redacted`` hides them.
 """
 
 from __future__ import annotations
@@ -76,6 +78,26 @@ class Settings:
     max_waiting: int = _setting(64, "Requests allowed to wait for a free sequence slot; more get 429.")
     request_timeout: float = _setting(600.0, "Seconds a request may take before it is aborted (0 = none).")
     max_request_bytes: int = _setting(1_000_000, "Largest accepted request body, in bytes.")
+    shutdown_grace_seconds: float = _setting(
+        30.0, "On SIGTERM, seconds in-flight requests may take to finish before the server exits."
+    )
+    # -- operations
+    log_format: Literal["json", "text"] = _setting("json", "Server log lines: json objects or text.")
+    log_level: Literal["debug", "info", "warning", "error"] = _setting(
+        "info", "Server log level (info logs one summary line per request)."
+    )
+    log_prompts: bool = _setting(False, "Log prompt and output text in request lines (off: never logged).")
+    api_keys: str | None = _setting(
+        None, "Comma-separated API keys for /v1/* (environment only: SPECSERVE_API_KEYS).", secret=True
+    )
+    api_key_file: str | None = _setting(None, "File of API keys, one per line ('#' starts a comment).")
+    admin_key: str | None = _setting(
+        None,
+        "Key for /admin/* endpoints (environment only: SPECSERVE_ADMIN_KEY; unset = disabled).",
+        secret=True,
+    )
+    rate_limit_per_minute: int = _setting(0, "Requests per minute per API key, token bucket (0 = no limit).")
+    metrics_require_key: bool = _setting(False, "Require an API key for GET /metrics (default: public).")
 
     def validate(self) -> Settings:
         def positive(name: str) -> None:
@@ -95,8 +117,9 @@ class Settings:
             positive(name)
         if not 0 < self.port < 65536:
             raise SettingsError(f"port must be in 1..65535, got {self.port}")
-        if self.request_timeout < 0:
-            raise SettingsError(f"request_timeout must be >= 0, got {self.request_timeout}")
+        for name in ("request_timeout", "shutdown_grace_seconds", "rate_limit_per_minute"):
+            if getattr(self, name) < 0:
+                raise SettingsError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.num_draft_tokens <= 64:
             raise SettingsError(f"num_draft_tokens must be in [0, 64], got {self.num_draft_tokens}")
         if not 0.0 <= self.draft_p_min <= 1.0:
@@ -119,6 +142,11 @@ def _hints() -> dict[str, Any]:
     return typing.get_type_hints(Settings)
 
 
+@functools.cache
+def _secrets() -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(Settings) if f.metadata["secret"])
+
+
 def _base_type(tp: Any) -> Any:
     """``X`` for ``X | None``, else the type itself."""
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
@@ -138,8 +166,8 @@ def add_arguments(parser: argparse.ArgumentParser, names: tuple[str, ...] | None
     """Add one flag per setting (all defaults None, so unset flags don't override lower sources)."""
     hints = _hints()
     for f in dataclasses.fields(Settings):
-        if names is not None and f.name not in names:
-            continue
+        if (names is not None and f.name not in names) or f.metadata["secret"]:
+            continue  # secrets have no flag: command lines are visible to every user of the machine
         tp = hints[f.name]
         kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": f.metadata["help"]}
         base = _base_type(tp)
@@ -210,6 +238,8 @@ def _read_file(path: Path) -> dict[str, Any]:
         name = str(key).replace("-", "_")
         if name not in known:
             raise SettingsError(f"config file {path}: unknown setting {key!r}")
+        if name in _secrets():
+            raise SettingsError(f"config file {path}: {key!r} is a secret; set {env_name(name)} instead")
         flat[name] = value
     return flat
 

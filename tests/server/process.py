@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,7 +55,10 @@ class ServerProcess:
             time.sleep(0.05)
 
 
-def start_server(models: TinyModels, directory: Path, *extra: str) -> ServerProcess:
+def start_server(
+    models: TinyModels, directory: Path, *extra: str, env: Mapping[str, str] | None = None
+) -> ServerProcess:
+    """Start a server and wait until it is ready (``extra`` flags override the defaults, ``env`` adds)."""
     port = free_port()
     log_path = directory / f"server-{port}.log"
     command = [
@@ -66,7 +70,8 @@ def start_server(models: TinyModels, directory: Path, *extra: str) -> ServerProc
         *extra,
     ]  # fmt: skip
     with log_path.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
+        environment = {**os.environ, **(env or {})}
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment)
     server = ServerProcess(process, port, log_path)
     deadline = time.monotonic() + READY_DEADLINE_S
     while True:

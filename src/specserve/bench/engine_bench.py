@@ -21,7 +21,7 @@ from specserve.config import Settings
 from specserve.drafters.base import Drafter
 from specserve.drafters.length_policy import CostAwarePolicy, DraftLengthPolicy, FixedLengthPolicy
 from specserve.drafters.registry import DrafterContext, build_drafter
-from specserve.engine.builder import draft_model_can_pay, open_runtime
+from specserve.engine.builder import draft_model_can_pay, exact_rows, open_runtime
 from specserve.engine.cost_model import CostModel, calibrate
 from specserve.engine.engine import EngineOptions, SpeculativeEngine
 from specserve.engine.sequence import Sequence
@@ -118,7 +118,7 @@ def run_engine_bench(
     drafters: dict[str, Drafter] = {"ngram": build_drafter("ngram", context)}
     if draft_runtime is not None:
         drafters["draft-model"] = build_drafter("draft-model", context)
-    pays, best = draft_model_can_pay(costs, settings.num_draft_tokens)
+    pays, best = draft_model_can_pay(costs, min(settings.num_draft_tokens, target.info.max_verify_tokens - 1))
     result = EngineBenchResult(_settings_summary(settings), costs.as_dict())
     if not pays:
         result.notes.append(f"auto excludes the draft model: at 100% acceptance it reaches {best:.2f}x")
@@ -136,7 +136,9 @@ def run_engine_bench(
                     if n in drafters and (n != "draft-model" or pays or mode.policy == "fixed")
                 )
                 policy: DraftLengthPolicy = (
-                    CostAwarePolicy(costs) if mode.policy == "cost" else FixedLengthPolicy()
+                    CostAwarePolicy(costs, rows_per_call=exact_rows(target))
+                    if mode.policy == "cost"
+                    else FixedLengthPolicy()
                 )
                 options = EngineOptions(names, settings.num_draft_tokens, speculation_enabled=bool(names))
                 engine = SpeculativeEngine(target, {n: drafters[n] for n in names}, policy, costs, options)

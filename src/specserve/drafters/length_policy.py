@@ -141,9 +141,12 @@ class FixedLengthPolicy(DraftLengthPolicy):
 class CostAwarePolicy(DraftLengthPolicy):
     """Maximise expected tokens per second from measured costs and running acceptance estimates."""
 
-    def __init__(self, costs: CostModel, margin: float = 0.03) -> None:
+    def __init__(self, costs: CostModel, margin: float = 0.03, rows_per_call: int | None = None) -> None:
         self.costs = costs
         self.margin = margin
+        self.rows_per_call = rows_per_call
+        """Exact mode evaluates verify chunks in calls of at most this many rows (see the llama.cpp backend);
+        the cost of a step is then the sum over those calls."""
         self.acceptance = AcceptanceTracker()
 
     def observe(self, seq: Sequence, plan: DraftPlan, num_accepted: int) -> None:
@@ -186,11 +189,11 @@ class CostAwarePolicy(DraftLengthPolicy):
         of the prompt tokens counts (the marginal cost of the verify positions).
         """
         tokens = 0.0
-        verify_tokens = 0
+        verify_rows: list[int] = []
         draft_rounds: dict[int, int] = {}
         catch_up = 0
         for plan in plans:
-            verify_tokens += 1 + plan.num_tokens
+            verify_rows.append(1 + plan.num_tokens)
             if plan.drafter is None:
                 tokens += 1.0
                 continue
@@ -199,8 +202,20 @@ class CostAwarePolicy(DraftLengthPolicy):
                 catch_up += plan.setup_tokens
                 for r in range(1, plan.num_tokens):
                     draft_rounds[r] = draft_rounds.get(r, 0) + 1
-        target = self.costs.target
-        seconds = max(target(extra_tokens + verify_tokens) - target(extra_tokens), 1e-3 * target(1))
+        seconds = self._verify_seconds(verify_rows, extra_tokens)
         if self.costs.draft is not None and (catch_up or draft_rounds):
             seconds += self.costs.draft(catch_up) + sum(self.costs.draft(n) for n in draft_rounds.values())
         return tokens / seconds if seconds > 0 else 0.0
+
+    def _verify_seconds(self, rows: list[int], extra_tokens: int) -> float:
+        target = self.costs.target
+        if self.rows_per_call is None:
+            return max(target(extra_tokens + sum(rows)) - target(extra_tokens), 1e-3 * target(1))
+        # Exact mode: prompt chunks run in calls of their own; verify chunks fill calls in order, as the
+        # backend packs them.
+        calls = [0]
+        for n in rows:
+            if calls[-1] + n > self.rows_per_call:
+                calls.append(0)
+            calls[-1] += n
+        return sum(target(n) for n in calls)

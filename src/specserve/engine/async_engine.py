@@ -4,23 +4,28 @@ Model computation never runs on the event loop: a single engine thread owns the 
 are not thread-safe) and loops ``step()`` while there is work. Requests and aborts reach it through a
 command queue; outputs go back to each request's ``asyncio.Queue`` with ``call_soon_threadsafe``.
 Admission control (a bounded waiting queue) happens here, before a request reaches the engine.
+Anything else that must touch the engine (the admin switch) goes through ``call_soon`` to the same thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from specserve.engine.engine import RequestOutput, SpeculativeEngine
 from specserve.engine.sequence import SpeculationOptions
 from specserve.request import SamplingParams
 
 log = logging.getLogger("specserve.async_engine")
+
+T = TypeVar("T")
 
 
 class QueueFullError(Exception):
@@ -49,13 +54,22 @@ class _Abort:
     request_id: str
 
 
+@dataclass
+class _Call:
+    fn: Callable[[], Any]
+    result: concurrent.futures.Future[Any]
+
+
+_Command = _Submit | _Abort | _Call
+
+
 class AsyncEngine:
     """Thread-hosted engine with an async, per-request output stream."""
 
     def __init__(self, engine: SpeculativeEngine, max_waiting: int = 64) -> None:
         self.engine = engine
         self.max_waiting = max_waiting
-        self._commands: queue.Queue[_Submit | _Abort | None] = queue.Queue()
+        self._commands: queue.Queue[_Command | None] = queue.Queue()
         self._in_flight = 0  # submitted and not finished; guarded by _lock
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -125,13 +139,22 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         self._send(_Abort(request_id))
 
+    def call_soon(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
+        """Run ``fn`` on the engine thread between two steps; the future gets its result or exception."""
+        result: concurrent.futures.Future[T] = concurrent.futures.Future()
+        if self.error is not None or self._stopped:
+            result.set_exception(EngineDeadError(f"engine stopped: {self.error}"))
+        else:
+            self._send(_Call(fn, result))
+        return result
+
     def shutdown(self) -> None:
         self._stopped = True
         self._commands.put(None)
         self._wake.set()
         self._thread.join(timeout=30)
 
-    def _send(self, command: _Submit | _Abort) -> None:
+    def _send(self, command: _Command) -> None:
         self._commands.put(command)
         self._wake.set()
 
@@ -153,14 +176,14 @@ class AsyncEngine:
                 start = time.perf_counter()
                 outputs = self.engine.step()
                 elapsed = time.perf_counter() - start
+                for observer in self.step_observers:  # first: a client never sees output before its metrics
+                    observer(outputs, elapsed)
                 for out in outputs:
                     sink = sinks.get(out.request_id)
                     if sink is not None:
                         sink(out)
                     if out.finished:
                         self._done(sinks, out.request_id)
-                for observer in self.step_observers:
-                    observer(outputs, elapsed)
         except BaseException as exc:  # a dead engine must not leave clients waiting forever
             log.exception("engine thread died")
             self.error = exc
@@ -176,6 +199,12 @@ class AsyncEngine:
                 return True
             if command is None:
                 return False
+            if isinstance(command, _Call):
+                try:
+                    command.result.set_result(command.fn())
+                except Exception as exc:
+                    command.result.set_exception(exc)
+                continue
             if isinstance(command, _Abort):
                 seq = self.engine.scheduler.find(command.request_id)
                 if seq is not None and self.engine.abort(command.request_id):

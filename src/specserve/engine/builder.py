@@ -62,7 +62,7 @@ def open_runtime(path: str, settings: Settings, max_sequences: int) -> ModelRunt
 
 def build_engine(settings: Settings, calibrate_costs: bool = True) -> tuple[SpeculativeEngine, BuildReport]:
     """Load everything ``settings`` asks for. Raises on a bad target; a bad draft degrades unless required."""
-    from specserve.models import ModelStore, check_draft_compatible, read_vocab
+    from specserve.models import ModelStore, ModelStoreError, check_draft_compatible, read_vocab
 
     started = time.perf_counter()
     report = BuildReport()
@@ -100,12 +100,18 @@ def build_engine(settings: Settings, calibrate_costs: bool = True) -> tuple[Spec
         except Exception as exc:
             if settings.load_draft == "always" or settings.drafter == "draft-model":
                 target.close()
-                raise
+                demand = "load_draft=always" if settings.load_draft == "always" else "drafter=draft-model"
+                raise ModelStoreError(
+                    f"the draft model is required ({demand}) but could not be loaded: {exc}; "
+                    "fix it, or allow a start without it (load_draft=auto with drafter=auto)"
+                ) from exc
             report.degraded = True
             report.notes.append(f"draft model not loaded: {exc}")
             log.warning("draft model not loaded, continuing without it: %s", exc)
         if draft_runtime is not None and settings.load_draft == "auto" and settings.drafter == "auto":
-            pays, best = draft_model_can_pay(costs, settings.num_draft_tokens)
+            pays, best = draft_model_can_pay(
+                costs, min(settings.num_draft_tokens, target.info.max_verify_tokens - 1)
+            )
             if not pays:
                 note = (
                     f"draft model unloaded: even at 100% acceptance it would reach {best:.2f}x plain speed "
@@ -123,7 +129,9 @@ def build_engine(settings: Settings, calibrate_costs: bool = True) -> tuple[Spec
         drafters["draft-model"] = build_drafter("draft-model", context)
     report.drafters = list(drafters)
     policy: DraftLengthPolicy = (
-        CostAwarePolicy(costs) if settings.draft_policy == "cost" else FixedLengthPolicy()
+        CostAwarePolicy(costs, rows_per_call=exact_rows(target))
+        if settings.draft_policy == "cost"
+        else FixedLengthPolicy()
     )
     names = tuple(drafters) if settings.drafter in ("auto", "none") else (settings.drafter,)
     options = EngineOptions(
@@ -134,6 +142,11 @@ def build_engine(settings: Settings, calibrate_costs: bool = True) -> tuple[Spec
     engine = SpeculativeEngine(target, drafters, policy, costs, options, settings.prefill_chunk)
     report.seconds = time.perf_counter() - started
     return engine, report
+
+
+def exact_rows(target: ModelRuntime) -> int | None:
+    """Rows per llama_decode call in exact mode (the policy's cost of a step depends on it)."""
+    return target.info.max_verify_tokens if target.info.exact else None
 
 
 def _flat_costs() -> StepCostTable:

@@ -249,7 +249,7 @@ class SpeculativeEngine:
         drafts = proposal.token_ids
         result = self._verify(seq, drafts, proposal.draft_probs, rows)
         num_accepted = len(result) - 1
-        seq.stats.record(len(drafts), num_accepted)
+        seq.stats.record(len(drafts), num_accepted, plan.drafter.name if plan.drafter else None)
         self.stats.record_verify(len(drafts), num_accepted)
         if plan.drafter is not None and plan.drafter.name in self.drafters:
             plan.drafter.accept(seq, num_accepted)

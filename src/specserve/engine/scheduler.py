@@ -7,6 +7,7 @@ Chunk boundaries never depend on other requests (see ``schedule``).
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -47,6 +48,7 @@ class Scheduler:
             seq = self.waiting.popleft()
             seq.slot = self._free_slots.pop()
             seq.status = SequenceStatus.RUNNING
+            seq.scheduled_time = time.perf_counter()
             self.running.append(seq)
         batch = ScheduledBatch()
         budget = self.prefill_budget

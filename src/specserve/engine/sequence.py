@@ -33,12 +33,16 @@ class SpecStats:
     num_accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     first_rejections: list[int] = field(default_factory=list)
+    drafts_by_drafter: dict[str, int] = field(default_factory=dict)
+    """Drafts per drafter name (for logs: which drafters a request used)."""
 
-    def record(self, num_draft_tokens: int, num_accepted: int) -> None:
+    def record(self, num_draft_tokens: int, num_accepted: int, drafter: str | None = None) -> None:
         assert 0 <= num_accepted <= num_draft_tokens
         if num_draft_tokens == 0:
             return
         self.num_drafts += 1
+        if drafter is not None:
+            self.drafts_by_drafter[drafter] = self.drafts_by_drafter.get(drafter, 0) + 1
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted
         while len(self.accepted_per_position) < num_draft_tokens:
@@ -92,6 +96,8 @@ class Sequence:
     stats: SpecStats = field(default_factory=SpecStats)
     drafter_state: dict[str, object] = field(default_factory=dict)
     arrival_time: float = field(default_factory=time.perf_counter)
+    scheduled_time: float | None = None
+    """When the sequence got a KV slot (queue time = scheduled_time - arrival_time)."""
     first_token_time: float | None = None
     prefill_done_time: float | None = None
     finish_time: float | None = None

@@ -6,35 +6,34 @@ through an :class:`AsyncEngine`: model computation never runs on the event loop.
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models`` (and
 ``/v1/models/{id}``), ``GET /health`` (200 while the process serves), ``GET /ready``, and the debug endpoint
-``GET /v1/internal/state`` → ``{"ready", "running", "waiting", "finished": {reason: count}}``.
+``GET /v1/internal/state`` → ``{"ready", "running", "waiting", "finished": {reason: count}}``. Operations
+(metrics, logs, access control, the speculation switch) come from ``middleware``, ``auth`` and ``admin``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
-from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
-from specserve.backends.base import BackendError, ModelRuntime
+from specserve.backends.base import ModelRuntime
 from specserve.chat import ChatTemplateError, render_chat
 from specserve.config import Settings
-from specserve.engine.async_engine import AsyncEngine
-from specserve.engine.builder import BuildReport, build_engine
 from specserve.engine.engine import RequestOutput, SpeculativeEngine
-from specserve.engine.sequence import SpeculationOptions
 from specserve.server import protocol as p
-from specserve.server.errors import APIError, install_handlers, invalid_request, unavailable
+from specserve.server.admin import router as ops_router
+from specserve.server.errors import APIError, install_handlers, invalid_request
+from specserve.server.middleware import OpsMiddleware, current_record
+from specserve.server.state import EngineFactory, ServerState
 from specserve.server.streaming import (
     ChunkFormat,
     EventStreamResponse,
@@ -46,106 +45,8 @@ from specserve.server.streaming import (
 
 log = logging.getLogger("specserve.server")
 
-EngineFactory = Callable[[Settings], SpeculativeEngine | tuple[SpeculativeEngine, BuildReport]]
 FINISH_REASONS = ("stop", "length", "abort")
 OFFLOAD_BYTES = 64 * 1024  # prompts in bodies larger than this are rendered and tokenized off the event loop
-
-
-def served_model_id(settings: Settings) -> str:
-    """The model name clients use: --served-model-name, else the target's catalog name or file stem."""
-    if settings.served_model_name:
-        return settings.served_model_name
-    target = settings.target
-    return Path(target).stem if target.endswith(".gguf") else target
-
-
-class ServerState:
-    """What the routes share: settings, the loading status and, once ready, the AsyncEngine."""
-
-    def __init__(self, settings: Settings, factory: EngineFactory | SpeculativeEngine | None) -> None:
-        self.settings = settings
-        self.model_id = served_model_id(settings)
-        self.created = int(time.time())
-        self.timeout = settings.request_timeout or None
-        self.status: Literal["loading", "ready", "failed", "stopped"] = "loading"
-        self.reason = "the models are loading and calibrating"
-        self.engine: AsyncEngine | None = None
-        self.report: BuildReport | None = None
-        self.on_failure: Callable[[BaseException], None] | None = None
-        self._factory = factory
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def start_loading(self) -> None:
-        threading.Thread(target=self._load, name="specserve-loader", daemon=True).start()
-
-    def _build(self) -> tuple[SpeculativeEngine, BuildReport | None]:
-        factory = self._factory
-        if isinstance(factory, SpeculativeEngine):
-            return factory, None
-        result = (factory or build_engine)(self.settings)
-        return result if isinstance(result, tuple) else (result, None)
-
-    def _load(self) -> None:
-        try:
-            engine, report = self._build()
-        except Exception as exc:
-            from specserve.models import ModelStoreError
-
-            expected = isinstance(exc, BackendError | ModelStoreError | ValueError)  # no traceback needed
-            log.error("loading the models failed: %s", exc, exc_info=not expected)
-            self.reason = f"loading the models failed: {exc}"
-            self.status = "failed"
-            if self.on_failure is not None:
-                self.on_failure(exc)
-            return
-        with self._lock:
-            if self._closed:  # shut down while loading
-                engine.close()
-                return
-            self.report = report
-            self.engine = AsyncEngine(engine, self.settings.max_waiting)
-            self.status, self.reason = "ready", "ready"
-        log.info("ready: %s with drafters %s", self.model_id, ", ".join(engine.drafters) or "none")
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            engine = self.engine
-            if self.status == "ready":
-                self.status, self.reason = "stopped", "the server is shutting down"
-        if engine is not None:
-            engine.shutdown()
-            engine.engine.close()
-
-    def require_engine(self) -> AsyncEngine:
-        if self.status != "ready" or self.engine is None:
-            raise unavailable(f"The server is not ready: {self.reason}.", f"server_{self.status}")
-        return self.engine
-
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model not in (self.model_id, self.settings.target):
-            raise APIError(
-                404,
-                f"The model '{model}' does not exist; this server serves '{self.model_id}'.",
-                param="model",
-                code="model_not_found",
-            )
-
-    def speculation(
-        self, engine: AsyncEngine, spec: p.SpeculativeRequest | None
-    ) -> SpeculationOptions | None:
-        if spec is None:
-            return None
-        loaded = list(engine.engine.drafters)
-        if spec.drafter is not None and spec.drafter not in (*loaded, "auto", "none"):
-            raise invalid_request(
-                f"The drafter '{spec.drafter}' is not available; choose one of "
-                f"{', '.join([*loaded, 'auto', 'none'])}.",
-                "speculative.drafter",
-                "unknown_drafter",
-            )
-        return spec.options()
 
 
 # -- prompts --------------------------------------------------------------------------------------
@@ -220,12 +121,19 @@ async def generate(request: Request, chat: bool) -> Response:
     )
     speculation = state.speculation(engine, req.speculative)
     request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    record = current_record()
+    if record is not None:
+        record.completion_id, record.stream = request_id, req.stream
+        if state.settings.log_prompts:
+            record.prompt = req.chat_messages() if isinstance(req, p.ChatCompletionRequest) else req.prompt
     fmt = ChunkFormat(chat, request_id, int(time.time()), state.model_id, req.include_usage)
     outputs = cast(
         AsyncGenerator[RequestOutput, None],
         engine.generate(request_id, ids, params, speculation, state.timeout),
     )
     first = await admit(outputs)
+    if record is not None:
+        record.watch(first)
     if req.stream:
         return EventStreamResponse(
             stream_events(first, outputs, fmt), partial(release_request, first, outputs)
@@ -273,11 +181,15 @@ async def ready(request: Request) -> JSONResponse:
     if state.status != "ready" or state.engine is None:
         return JSONResponse({"status": state.status, "reason": state.reason}, status_code=503)
     report = state.report
+    reasons = state.degraded_reasons()
     return JSONResponse(
         {
             "status": "ready",
             "model": state.model_id,
             "drafters": list(state.engine.engine.drafters),
+            "speculation": state.engine.engine.options.speculation_enabled,
+            "degraded": bool(reasons),
+            "degraded_reasons": reasons,
             "notes": report.notes if report else [],
             "load_seconds": round(report.seconds, 3) if report else None,
         }
@@ -317,5 +229,7 @@ def create_app(
     app = FastAPI(title="specserve", summary="Speculative decoding, OpenAI-compatible", lifespan=lifespan)
     app.state.server = state
     install_handlers(app)
+    app.add_middleware(OpsMiddleware, state=state)
     app.include_router(router)
+    app.include_router(ops_router)
     return app

@@ -28,6 +28,7 @@ from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine import RequestOutput
 from specserve.server import protocol as p
 from specserve.server.errors import from_engine_error, internal_error
+from specserve.server.middleware import note_stream_error
 
 log = logging.getLogger("specserve.server")
 
@@ -131,6 +132,7 @@ async def stream_events(
         if error is None:
             log.error("error while streaming %s", fmt.id, exc_info=exc)
             error = internal_error()
+        note_stream_error(error)
         yield sse(error.body(), ascii_only=True)
     yield DONE
 

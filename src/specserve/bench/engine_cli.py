@@ -1,0 +1,50 @@
+"""``specserve bench --in-process``: the engine benchmark (plain vs drafters vs the default policy)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from specserve.bench.engine_bench import MODES, builtin_prompts, measure_exact_cost, run_engine_bench
+from specserve.bench.engine_report import render_exact_cost, render_markdown
+from specserve.bench.workloads import BenchInputError, read_jsonl
+from specserve.config import Settings
+
+
+def bench_in_process(args: argparse.Namespace, settings: Settings, command: str) -> int:
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.exact_cost:
+        cost = measure_exact_cost(settings)
+        (out / "exact_cost.json").write_text(json.dumps(cost, indent=2))
+        (out / "exact_cost.md").write_text(render_exact_cost(cost, command))
+        print(render_exact_cost(cost, command))
+        return 0
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise BenchInputError(f"unknown mode(s) {', '.join(unknown)}; known: {', '.join(MODES)}")
+    if "plain" not in modes:
+        modes.insert(0, "plain")
+    prompts = builtin_prompts() if args.prompts is None else read_jsonl(Path(args.prompts))
+    if args.kinds:
+        kinds = set(args.kinds.split(","))
+        prompts = [p for p in prompts if p["kind"] in kinds]
+    if args.limit:
+        per_kind: dict[str, int] = {}
+        kept = []
+        for p in prompts:
+            per_kind[p["kind"]] = per_kind.get(p["kind"], 0) + 1
+            if per_kind[p["kind"]] <= args.limit:
+                kept.append(p)
+        prompts = kept
+    result = run_engine_bench(
+        settings, prompts, modes, args.max_tokens, progress=lambda m: print(m, file=sys.stderr)
+    )
+    data = result.as_dict()
+    (out / "report.json").write_text(json.dumps(data, indent=2))
+    (out / "report.md").write_text(render_markdown(data, command))
+    print(render_markdown(data, command))
+    return 0

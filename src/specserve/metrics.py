@@ -1,0 +1,243 @@
+"""Prometheus metrics for ``GET /metrics``: vLLM's names under the ``specserve:`` prefix.
+
+Three feeds, none of which blocks the event loop (prometheus objects are thread-safe):
+
+- the engine thread, after every step (an ``AsyncEngine`` step observer): the speculative decoding counters,
+  generated tokens, draft and verify time per step and drafter failures, all as deltas of the engine's own
+  ``EngineStats``, so the exported counters equal the engine's and stay consistent with one another;
+- the request middleware, when a generation request ends: requests by outcome, finish reasons, prompt
+  tokens, time to first token, time per output token, end-to-end latency and queue time;
+- callbacks at scrape time: running and waiting requests, KV cache usage, speculation state.
+
+Counters are exported with prometheus' ``_total`` suffix (``specserve:spec_decode_num_drafts_total``). Mean
+acceptance length = 1 + num_accepted_tokens / num_drafts; acceptance rate = accepted / draft tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
+
+from specserve.engine.async_engine import AsyncEngine
+from specserve.engine.engine import RequestOutput
+from specserve.engine.sequence import Sequence
+from specserve.engine.stats import EngineStats
+
+PREFIX = "specserve:"
+OUTCOMES = (
+    "success",  # finished with stop or length
+    "aborted",  # the client went away (or the server stopped) before the end
+    "timed_out",  # ran past request_timeout (504, or an error event in a stream)
+    "rejected_429",  # waiting queue full or rate limit
+    "invalid_request",  # 400, 404, 413, 422
+    "unauthorized",  # 401, 403
+    "unavailable",  # 503: loading, shutting down, engine stopped
+    "error",  # 500 and anything else
+)
+FINISH_REASONS = ("stop", "length")
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+_E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0)
+_STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+@dataclass
+class _Snapshot:
+    """The engine counters at the previous step (engine thread only)."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    generated_tokens: int = 0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    drafter_failures: int = 0
+
+    @classmethod
+    def of(cls, stats: EngineStats) -> _Snapshot:
+        return cls(
+            stats.num_drafts,
+            stats.num_draft_tokens,
+            stats.num_accepted_tokens,
+            list(stats.accepted_per_position),
+            stats.generated_tokens,
+            stats.draft_seconds,
+            stats.verify_seconds,
+            stats.drafter_failures,
+        )
+
+
+class Metrics:
+    """Every metric of one server, in its own registry (two apps in one process do not collide)."""
+
+    def __init__(self) -> None:
+        disable_created_metrics()  # type: ignore[no-untyped-call] # no *_created series: counters only, let queries derive rates
+        self.registry = registry = CollectorRegistry()
+
+        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+            return Counter(PREFIX + name, doc, labels, registry=registry)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(PREFIX + name, doc, buckets=buckets, registry=registry)
+
+        def gauge(name: str, doc: str, value: Callable[[], float]) -> Gauge:
+            g = Gauge(PREFIX + name, doc, registry=registry)
+            g.set_function(value)
+            return g
+
+        self.num_drafts = counter(
+            "spec_decode_num_drafts", "Verify steps that checked at least one draft token."
+        )
+        self.num_draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens proposed and verified.")
+        self.num_accepted_tokens = counter("spec_decode_num_accepted_tokens", "Draft tokens accepted.")
+        self.accepted_per_pos = counter(
+            "spec_decode_num_accepted_tokens_per_pos",
+            "Accepted draft tokens by position in the draft.",
+            ("position",),
+        )
+        self.drafter_failures = counter(
+            "drafter_failures", "Drafter calls that raised; their requests continued as plain decoding."
+        )
+        self.generation_tokens = counter("generation_tokens", "Output tokens generated.")
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of requests that reached the engine.")
+        self.requests = counter("requests", "Generation requests by outcome.", ("outcome",))
+        self.request_success = counter(
+            "request_success", "Requests that finished normally, by finish reason.", ("finished_reason",)
+        )
+        for outcome in OUTCOMES:
+            self.requests.labels(outcome)
+        for reason in FINISH_REASONS:
+            self.request_success.labels(reason)
+
+        self.ttft = histogram(
+            "time_to_first_token_seconds", "Engine arrival to first token.", _LATENCY_BUCKETS
+        )
+        self.tpot = histogram(
+            "time_per_output_token_seconds", "Mean time per output token after the first.", _TOKEN_BUCKETS
+        )
+        self.e2e = histogram("e2e_request_latency_seconds", "Engine arrival to finish.", _E2E_BUCKETS)
+        self.queue_time = histogram(
+            "request_queue_time_seconds", "Engine arrival to getting a sequence slot.", _LATENCY_BUCKETS
+        )
+        self.draft_time = histogram("draft_time_seconds", "Drafting time of one engine step.", _STEP_BUCKETS)
+        self.verify_time = histogram(
+            "verify_time_seconds", "Target model pass of one engine step (verify and prefill).", _STEP_BUCKETS
+        )
+
+        self._engine: AsyncEngine | None = None
+        self._degraded: Callable[[], bool] = lambda: False
+        self._last = _Snapshot()
+        self._draft_length = 0.0
+        gauge(
+            "num_requests_running",
+            "Sequences decoding.",
+            lambda: self._engine.num_running if self._engine else 0,
+        )
+        gauge("num_requests_waiting", "Requests waiting for a slot.", self._waiting)
+        gauge("kv_cache_usage_perc", "Tokens held / (context size x max running), 0..1.", self._kv_usage)
+        gauge("spec_decode_enabled", "1 when speculation is on and a drafter is available.", self._enabled)
+        gauge(
+            "spec_decode_degraded", "1 when a drafter failed to load or was disabled.", self._degraded_value
+        )
+        gauge("spec_decode_draft_length", "Mean draft length of the latest step that drafted.", self._length)
+        ProcessCollector(registry=registry)  # process_resident_memory_bytes, CPU seconds, open fds
+
+    def attach(self, engine: AsyncEngine, degraded: Callable[[], bool]) -> None:
+        """Start feeding from ``engine`` (called once, before it serves requests)."""
+        self._last = _Snapshot()
+        self._engine = engine
+        self._degraded = degraded
+        engine.step_observers.append(self.observe_step)
+
+    # -- engine thread ----------------------------------------------------------------------------
+
+    def observe_step(self, outputs: list[RequestOutput], elapsed: float) -> None:
+        """Export what the step just added to the engine's counters (the step observer)."""
+        if self._engine is None:
+            return
+        stats, last = self._engine.engine.stats, self._last
+        drafts = stats.num_drafts - last.num_drafts
+        draft_tokens = stats.num_draft_tokens - last.num_draft_tokens
+        if drafts:  # drafts and draft tokens before accepted ones: a scrape never sees accepted > drafted
+            self.num_drafts.inc(drafts)
+            self.num_draft_tokens.inc(draft_tokens)
+            self._draft_length = draft_tokens / drafts
+        for position, count in enumerate(stats.accepted_per_position):
+            before = last.accepted_per_position[position] if position < len(last.accepted_per_position) else 0
+            if count > before:
+                self.accepted_per_pos.labels(str(position)).inc(count - before)
+        if stats.num_accepted_tokens > last.num_accepted_tokens:
+            self.num_accepted_tokens.inc(stats.num_accepted_tokens - last.num_accepted_tokens)
+        if stats.generated_tokens > last.generated_tokens:
+            self.generation_tokens.inc(stats.generated_tokens - last.generated_tokens)
+        if stats.draft_seconds > last.draft_seconds:
+            self.draft_time.observe(stats.draft_seconds - last.draft_seconds)
+        if stats.verify_seconds > last.verify_seconds:
+            self.verify_time.observe(stats.verify_seconds - last.verify_seconds)
+        if stats.drafter_failures > last.drafter_failures:
+            self.drafter_failures.inc(stats.drafter_failures - last.drafter_failures)
+        self._last = _Snapshot.of(stats)
+
+    # -- event loop -------------------------------------------------------------------------------
+
+    def observe_request(self, outcome: str, seq: Sequence | None) -> None:
+        """A generation request ended with ``outcome`` (one of OUTCOMES); seq if it reached the engine."""
+        self.requests.labels(outcome).inc()
+        if seq is None:
+            return
+        self.prompt_tokens.inc(len(seq.prompt_ids))
+        if outcome == "success" and seq.finish_reason in FINISH_REASONS:
+            self.request_success.labels(seq.finish_reason).inc()
+        if seq.scheduled_time is not None:
+            self.queue_time.observe(seq.scheduled_time - seq.arrival_time)
+        if seq.first_token_time is not None:
+            self.ttft.observe(seq.first_token_time - seq.arrival_time)
+        if seq.finish_time is not None and outcome == "success":
+            self.e2e.observe(seq.finish_time - seq.arrival_time)
+            if seq.first_token_time is not None and len(seq.output_ids) > 1:
+                self.tpot.observe((seq.finish_time - seq.first_token_time) / (len(seq.output_ids) - 1))
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    # -- scrape-time values -----------------------------------------------------------------------
+
+    def _waiting(self) -> float:
+        return self._engine.num_waiting if self._engine else 0
+
+    def _kv_usage(self) -> float:
+        if self._engine is None:
+            return 0.0
+        engine = self._engine.engine
+        capacity = engine.target.info.context_per_sequence * engine.scheduler.max_running
+        used = sum(seq.num_tokens for seq in list(engine.scheduler.running))
+        return min(1.0, used / capacity) if capacity else 0.0
+
+    def _enabled(self) -> float:
+        return 1.0 if self._engine is not None and speculation_active(self._engine) else 0.0
+
+    def _degraded_value(self) -> float:
+        return 1.0 if self._degraded() else 0.0
+
+    def _length(self) -> float:
+        return self._draft_length if self._enabled() else 0.0
+
+
+def speculation_active(engine: AsyncEngine) -> bool:
+    """The switch is on and at least one of the configured drafters is still loaded."""
+    options = engine.engine.options
+    return options.speculation_enabled and any(name in engine.engine.drafters for name in options.drafters)

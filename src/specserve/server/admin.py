@@ -1,0 +1,82 @@
+"""Operations endpoints: ``GET /metrics`` and the speculation switch ``GET|POST /admin/speculation``.
+
+The switch replaces the engine's (frozen) options on the engine thread, between two steps: running requests
+continue as plain decoding from their next step, nothing is lost, and turning it back on resumes drafting
+(drafters catch up on the tokens they missed). Access to ``/admin/*`` is checked by the middleware.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.responses import Response
+
+from specserve.engine.async_engine import AsyncEngine
+from specserve.metrics import speculation_active
+from specserve.server.errors import from_validation, invalid_request
+
+if TYPE_CHECKING:
+    from specserve.server.state import ServerState
+
+log = logging.getLogger("specserve.server")
+
+SWITCH_TIMEOUT_S = 10.0
+
+router = APIRouter()
+
+
+class SpeculationSwitch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool
+
+
+def speculation_status(state: ServerState, engine: AsyncEngine) -> dict[str, Any]:
+    options = engine.engine.options
+    reasons = state.degraded_reasons()
+    return {
+        "enabled": options.speculation_enabled,
+        "active": speculation_active(engine),
+        "drafters": [name for name in options.drafters if name in engine.engine.drafters],
+        "degraded": bool(reasons),
+        "degraded_reasons": reasons,
+    }
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    body, content_type = state.metrics.render()
+    return Response(body, media_type=content_type)
+
+
+@router.get("/admin/speculation")
+async def get_speculation(request: Request) -> dict[str, Any]:
+    state: ServerState = request.app.state.server
+    return speculation_status(state, state.require_engine())
+
+
+@router.post("/admin/speculation")
+async def set_speculation(request: Request) -> dict[str, Any]:
+    state: ServerState = request.app.state.server
+    engine = state.require_engine()
+    try:
+        switch = SpeculationSwitch.model_validate(json.loads(await request.body()))
+    except ValidationError as exc:  # a ValueError too: first
+        raise from_validation(exc.errors()) from None
+    except ValueError:  # not JSON, or not UTF-8
+        raise invalid_request('The body must be a JSON object like {"enabled": false}.') from None
+
+    def apply() -> None:  # on the engine thread: no step sees half a change
+        core = engine.engine
+        core.options = dataclasses.replace(core.options, speculation_enabled=switch.enabled)
+
+    await asyncio.wait_for(asyncio.wrap_future(engine.call_soon(apply)), SWITCH_TIMEOUT_S)
+    log.warning("speculation switched %s by an admin request", "on" if switch.enabled else "off")
+    return speculation_status(state, engine)
