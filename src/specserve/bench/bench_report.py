@@ -6,8 +6,9 @@
 ``overall``, the same per mode × level over all workloads; ``comparisons``, the speed-up of every mode over
 the baseline (``off`` when measured) per workload and level. Latencies are milliseconds.
 
-Speculation figures come from the servers' ``speculative`` response objects, summed over the requests;
-they are null where no request drafted anything or the server does not report them.
+Speculation figures come from the servers' ``speculative`` response objects, summed over the requests,
+and per-position acceptance (or everything, for a peer such as vLLM) from the servers' ``/metrics``
+counters over the cell (``speculation_source`` says which); null where nothing was drafted or reported.
 """
 
 from __future__ import annotations
@@ -69,8 +70,7 @@ def cell_record(cell: CellRun) -> dict[str, Any]:
     speeds = [s for r in ok if (s := r.tokens_per_second) is not None]
     tokens = sum(r.output_tokens for r in ok)
     errors = sorted({r.error for r in cell.results if r.error is not None})
-    spec = speculation_totals(ok)
-    del spec["reported"]
+    spec = _with_counters(speculation_totals(ok), cell)
     return {
         "requests": len(cell.results),
         "errors": len(cell.results) - len(ok),
@@ -86,6 +86,28 @@ def cell_record(cell: CellRun) -> dict[str, Any]:
         **spec,
         "error_messages": errors[:3],
     }
+
+
+def _with_counters(spec: dict[str, Any], cell: CellRun) -> dict[str, Any]:
+    """Fill in what the responses lack from the server's /metrics counters over the cell."""
+    sources = ["responses"] if spec.pop("reported") else []
+    counters = cell.counters
+    if counters is not None and counters.num_drafts > 0:
+        if not sources:
+            drafts, drafted = int(counters.num_drafts), int(counters.num_draft_tokens)
+            accepted = int(counters.num_accepted_tokens)
+            spec |= {
+                "num_drafts": drafts,
+                "num_draft_tokens": drafted,
+                "num_accepted_tokens": accepted,
+                "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
+                "mean_acceptance_length": round(1 + accepted / drafts, 4),
+            }
+        if spec["accepted_per_position"] is None and counters.accepted_per_position:
+            spec["accepted_per_position"] = counters.per_position()
+        sources.append("metrics")
+    spec["speculation_source"] = "+".join(sources) or None
+    return spec
 
 
 def build_report(run: LoadRun, meta: dict[str, Any]) -> dict[str, Any]:
@@ -106,6 +128,8 @@ def build_report(run: LoadRun, meta: dict[str, Any]) -> dict[str, Any]:
                 cell = run.cells.get((workload.name, mode, level), CellRun())
                 merged.results += cell.results
                 merged.seconds += cell.seconds  # workloads run one after another
+                if cell.counters is not None:
+                    merged.add_counters(cell.counters)
             overall.append(_labelled("all", mode, level_key, level, cell_record(merged)))
     return {
         **meta,

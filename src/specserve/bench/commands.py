@@ -39,7 +39,10 @@ def add_subcommands(sub: Any) -> None:
     )
     bench.add_argument("--max-tokens", type=int, default=128)
     bench.add_argument("--limit", type=int, default=None, help="Prompts per workload.")
-    http = bench.add_argument_group("HTTP load generator (--url)")
+    http = bench.add_argument_group(
+        "HTTP load generator (--url)",
+        "With --compare-spec, --drafter and --num-draft-tokens (below) go into mode on's request extension.",
+    )
     _add_workload_args(http)
     http.add_argument("--concurrency", default="1", help="Comma-separated concurrent clients (e.g. 1,2,4).")
     http.add_argument("--rate", default=None, help="Comma-separated request rates per mode (open loop).")
@@ -125,7 +128,7 @@ def _write(out_dir: str, report: dict[str, Any], markdown: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
     (out / "report.md").write_text(markdown)
-    print(markdown)
+    print(markdown, end="")
     return out
 
 
@@ -207,7 +210,12 @@ def _verify_in_process(args: argparse.Namespace, workloads: Any, options: Any) -
         finally:
             if reference is not None:
                 reference.close()
-    meta: dict[str, Any] = {"mode": "in-process", "target": settings.target, "draft": settings.draft, "arms": arms}
+    meta: dict[str, Any] = {
+        "mode": "in-process",
+        "target": settings.target,
+        "draft": settings.draft,
+        "arms": arms,
+    }
     meta |= {"num_draft_tokens": k, "exact": settings.exact, "reference_target": args.reference_target}
     return result, meta
 

@@ -20,6 +20,7 @@ uses the expected one: the best configuration, or plain decoding when nothing be
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from specserve.drafters.length_policy import (
     DraftPlan,
     FixedLengthPolicy,
 )
+from specserve.engine.builder import exact_rows
 from specserve.engine.cost_model import CostModel
 from specserve.engine.sequence import Sequence
 from specserve.request import SamplingParams
@@ -166,9 +168,9 @@ def evaluate(
         for i, prompt in enumerate(workload.prompts):
             ids = models.prompt_ids(prompt)
             for config in configs:
-                inner = (
-                    CostAwarePolicy(models.costs, MARGIN) if config.policy == "cost" else FixedLengthPolicy()
-                )
+                inner: DraftLengthPolicy = FixedLengthPolicy()
+                if config.policy == "cost":
+                    inner = CostAwarePolicy(models.costs, MARGIN, rows_per_call=exact_rows(models.target))
                 policy = RecordingPolicy(inner)
                 seq = models.generate(ids, params, config.drafters, config.num_draft_tokens, policy)
                 cells[config.label].add(seq, policy.steps)
@@ -212,6 +214,7 @@ def build_report(
     overall_rows = {label: t.summary(costs, overall["plain"]) for label, t in overall.items()}
     return {
         **meta,
+        "configurations": [dataclasses.asdict(c) for c in configs],
         "costs_ms": costs.as_dict(),
         "workloads": workloads,
         "overall": {"configs": overall_rows, "recommendation": recommend(overall_rows, configs)},

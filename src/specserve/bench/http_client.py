@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from specserve.bench.server_metrics import SpecCounters, parse_spec_counters
 from specserve.bench.workloads import BenchInputError
 
 
@@ -112,6 +113,14 @@ class BenchClient:
                 f"{base_url}/v1/models answered {response.status_code} without a model list; "
                 "is this an OpenAI-compatible server?"
             ) from None
+
+    async def spec_counters(self, base_url: str) -> SpecCounters | None:
+        """The server's speculative decoding counters from ``GET /metrics``; None if it exports none."""
+        try:
+            response = await self.http.get(f"{base_url}/metrics", timeout=10.0)
+        except httpx.HTTPError:
+            return None
+        return parse_spec_counters(response.text) if response.status_code == 200 else None
 
     async def reports_speculative(self, base_url: str, model: str) -> bool:
         """Whether the server takes the ``speculative`` extension and reports it (i.e. it is specserve)."""

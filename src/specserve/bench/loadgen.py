@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from specserve.bench.http_client import BenchClient, RequestParams, RequestResult, Target
+from specserve.bench.server_metrics import SpecCounters
 from specserve.bench.workloads import Workload
 
 Progress = Callable[[str], None]
@@ -36,6 +37,13 @@ class CellRun:
 
     results: list[RequestResult] = field(default_factory=list)
     seconds: float = 0.0
+    counters: SpecCounters | None = None
+    """The server's /metrics speculation counters over this cell's requests, when it exports them."""
+
+    def add_counters(self, delta: SpecCounters) -> None:
+        if self.counters is None:
+            self.counters = SpecCounters()
+        self.counters.add(delta)
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,8 @@ class LoadRun:
     cells: dict[tuple[str, str, float], CellRun] = field(default_factory=dict)
     """(workload, mode, level) → its requests."""
     seconds: float = 0.0
+    metered: set[str] = field(default_factory=set)
+    """Base URLs that export speculation counters on /metrics."""
 
     def cell(self, workload: str, mode: str, level: float) -> CellRun:
         return self.cells.setdefault((workload, mode, level), CellRun())
@@ -72,6 +82,9 @@ class LoadRun:
 
 async def run_load(client: BenchClient, plan: LoadPlan, progress: Progress) -> LoadRun:
     run = LoadRun(plan)
+    for url in {t.base_url for t in plan.targets}:
+        if await client.spec_counters(url) is not None:
+            run.metered.add(url)
     start = time.perf_counter()
     for level in plan.levels:
         for workload in plan.workloads:
@@ -100,11 +113,15 @@ async def _closed_loop(
         shift = wave % len(targets)
         summary = []
         for target in targets[shift:] + targets[:shift]:
+            before = await _counters(client, run, target.base_url)
             started = time.perf_counter()
             results = await asyncio.gather(*(client.chat(target, p, plan.params) for p in prompts))
             cell = run.cell(workload.name, target.mode, float(concurrency))
             cell.seconds += time.perf_counter() - started
             cell.results.extend(results)
+            after = await _counters(client, run, target.base_url)
+            if before is not None and after is not None:
+                cell.add_counters(after.minus(before))
             summary.append(f"{target.mode} {_summary(results)}")
         progress(f"[{workload.name} c={concurrency}] wave {wave + 1}/{waves}: " + " · ".join(summary))
 
@@ -115,6 +132,7 @@ async def _open_loop(
     targets = plan.targets
     total = plan.requests * len(targets)
     rng = random.Random(plan.seed)
+    before = {url: await _counters(client, run, url) for url in run.metered}
     start = time.perf_counter()
     arrival = 0.0
     tasks = []
@@ -133,8 +151,18 @@ async def _open_loop(
         cell = run.cell(workload.name, target.mode, rate)
         cell.results.extend(r for r in results if r.mode == target.mode)
         cell.seconds = seconds
+    for url, start_counters in before.items():
+        # Modes share a server here: its counters go to the one mode there that may draft (not "off").
+        drafting = [t for t in targets if t.base_url == url and t.mode != "off"]
+        end_counters = await _counters(client, run, url)
+        if len(drafting) == 1 and start_counters is not None and end_counters is not None:
+            run.cell(workload.name, drafting[0].mode, rate).add_counters(end_counters.minus(start_counters))
     summary = " · ".join(f"{t.mode} {_summary([r for r in results if r.mode == t.mode])}" for t in targets)
     progress(f"[{workload.name} rate={rate:g}/s] {total} requests in {seconds:.1f} s: {summary}")
+
+
+async def _counters(client: BenchClient, run: LoadRun, url: str) -> SpecCounters | None:
+    return await client.spec_counters(url) if url in run.metered else None
 
 
 def _summary(results: list[RequestResult]) -> str:

@@ -104,8 +104,11 @@ def latency_by_level(report: dict[str, Any]) -> Figure:
         ax.set_xlabel(key if key == "concurrency" else "requests/s per mode")
         ax.set_ylabel("ms")
         ax.set_title(title)
+        levels = sorted({r[key] for r in report["overall"]})
         if key == "concurrency":
             ax.set_xscale("log", base=2)
+        ax.set_xticks(levels, [f"{v:g}" for v in levels])
+        ax.minorticks_off()
     axes[0].legend(fontsize="x-small")
     figure.suptitle("Latency percentiles (all workloads)")
     figure.tight_layout()
@@ -115,10 +118,11 @@ def latency_by_level(report: dict[str, Any]) -> Figure:
 def acceptance_by_position(report: dict[str, Any]) -> Figure:
     """Fraction of drafts whose i-th token was accepted (accepted_per_position / num_drafts), per workload."""
     figure, ax = plt.subplots(figsize=(6.5, 4.2))
+    key = report["level"]
     drawn = False
     for workload in report["workloads"]:
         for mode in report["modes"]:
-            drafts, accepted = 0, [0] * 0
+            drafts, accepted = 0, list[int]()
             for r in report["records"]:
                 if r["workload"] != workload or r["mode"] != mode or not r["accepted_per_position"]:
                     continue
@@ -138,7 +142,7 @@ def acceptance_by_position(report: dict[str, Any]) -> Figure:
         ax.legend(fontsize="small")
     else:
         rates = [
-            f"{r['workload']} {r['mode']} c={r['concurrency']}: {r['acceptance_rate']:.0%}"
+            f"{r['workload']} {r['mode']} {_level_label(report, r[key])}: {r['acceptance_rate']:.0%}"
             for r in report["records"]
             if r["acceptance_rate"] is not None
         ]

@@ -83,22 +83,34 @@ def render_evaluate(report: dict[str, Any]) -> str:
         "",
         "### Summary",
         "",
-        "| workload | best acceptance | its MAL | recommended | expected speed-up | flags |",
-        "|---|---|---|---|---|---|",
+        "Per drafter its best fixed draft length by expected speed-up: acceptance · mean acceptance length "
+        "(MAL) · expected speed-up.",
+        "",
+    ]
+    drafters: dict[str, list[str]] = {}
+    for config in report["configurations"]:
+        if config["policy"] == "fixed" and config["drafters"]:
+            drafters.setdefault(config["drafters"][0], []).append(config["label"])
+    out += [
+        "| workload | " + " | ".join(drafters) + " | auto | recommended | flags |",
+        "|---|" + "---|" * (len(drafters) + 3),
     ]
     sections = {**report["workloads"], "all workloads": report["overall"]}
     for name, data in sections.items():
         rows = data["configs"]
-        best = max(
-            (r for label, r in rows.items() if label != "plain"),
-            key=lambda r: r["acceptance_rate"] or 0.0,
-            default=None,
-        )
+        cells = []
+        for labels in drafters.values():
+            label = max(labels, key=lambda x: rows[x]["expected_speedup"] or 0.0)
+            r = rows[label]
+            cells.append(
+                f"{_pct(r['acceptance_rate'])} · {_num(r['mean_acceptance_length'])} · "
+                f"{_num(r['expected_speedup'], 2, 'x')} ({label.split()[-1]})"
+            )
+        auto = rows.get("auto", {}).get("expected_speedup")
         rec = data["recommendation"]
         out.append(
-            f"| {name} | {_pct(best['acceptance_rate'] if best else None)} "
-            f"| {_num(best['mean_acceptance_length'] if best else None)} | {rec['config']} "
-            f"| {_num(rec['expected_speedup'], 2, 'x')} | `{rec['flags']}` |"
+            f"| {name} | " + " | ".join(cells) + f" | {_num(auto, 2, 'x')} | {rec['config']} "
+            f"({_num(rec['expected_speedup'], 2, 'x')}) | `{rec['flags']}` |"
         )
     for name, data in sections.items():
         out += [

@@ -132,10 +132,11 @@ class SpeculativeEngine:
         plans = self._plan(batch.decodes, sum(n for _, n in batch.prefills))
         proposals = self._draft(batch.decodes, plans)
         logits = self._evaluate(batch.prefills, batch.decodes, proposals)
+        prefill_logits, decode_logits = logits[: len(batch.prefills)], logits[len(batch.prefills) :]
         outputs = [
-            self._first_token(seq, n, rows) for (seq, n), rows in zip(batch.prefills, logits, strict=False)
+            self._first_token(seq, rows)
+            for (seq, _), rows in zip(batch.prefills, prefill_logits, strict=True)
         ]
-        decode_logits = logits[len(batch.prefills) :]
         for seq, plan, proposal, rows in zip(batch.decodes, plans, proposals, decode_logits, strict=True):
             outputs.append(self._verify_and_commit(seq, plan, proposal, rows))
         return [o for o in outputs if o is not None]
@@ -235,7 +236,7 @@ class SpeculativeEngine:
 
     # -- commit / rollback ------------------------------------------------------------------------
 
-    def _first_token(self, seq: Sequence, n: int, rows: npt.NDArray[np.float32]) -> RequestOutput | None:
+    def _first_token(self, seq: Sequence, rows: npt.NDArray[np.float32]) -> RequestOutput | None:
         """After the last prompt chunk, the target's logits give the first output token."""
         if rows.shape[0] == 0:
             return None  # more prompt chunks to come

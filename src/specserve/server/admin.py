@@ -17,9 +17,9 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.responses import Response
 
-from specserve.engine.async_engine import AsyncEngine
+from specserve.engine.async_engine import AsyncEngine, EngineDeadError
 from specserve.metrics import speculation_active
-from specserve.server.errors import from_validation, invalid_request
+from specserve.server.errors import from_validation, invalid_request, unavailable
 
 if TYPE_CHECKING:
     from specserve.server.state import ServerState
@@ -77,6 +77,11 @@ async def set_speculation(request: Request) -> dict[str, Any]:
         core = engine.engine
         core.options = dataclasses.replace(core.options, speculation_enabled=switch.enabled)
 
-    await asyncio.wait_for(asyncio.wrap_future(engine.call_soon(apply)), SWITCH_TIMEOUT_S)
+    try:
+        await asyncio.wait_for(asyncio.wrap_future(engine.call_soon(apply)), SWITCH_TIMEOUT_S)
+    except (TimeoutError, EngineDeadError):
+        raise unavailable(
+            "The engine did not apply the switch; see the server log.", "engine_stopped"
+        ) from None
     log.warning("speculation switched %s by an admin request", "on" if switch.enabled else "off")
     return speculation_status(state, engine)

@@ -1,0 +1,61 @@
+"""Fixtures of the benchmark tool tests: an isolated environment, a live tiny server, the CLI in-process."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from server.process import ServerProcess, start_server, stop_server  # tests/ is on sys.path (rootdir)
+from specserve.cli import main
+from specserve.testing.tiny_models import TinyModels
+
+
+@pytest.fixture(autouse=True)
+def isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No SPECSERVE_* settings from the developer's shell; no calibration cache."""
+    for name in list(os.environ):
+        if name.startswith("SPECSERVE_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("SPECSERVE_MODEL_DIR", str(tmp_path / "model-cache"))
+    monkeypatch.setenv("SPECSERVE_CALIBRATION_CACHE", "false")
+
+
+@pytest.fixture(scope="module")
+def bench_server(
+    tiny_models: TinyModels, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    """A specserve server on the tiny pair: two running sequences, fixed-length drafting (always drafts)."""
+    proc = start_server(tiny_models, tmp_path_factory.mktemp("bench-server"), "--max-running", "2")
+    yield proc
+    code = stop_server(proc)
+    assert code in (0, -signal.SIGTERM), proc.log()
+    assert "Traceback" not in proc.log()
+
+
+def run_cli(capfd: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """Run ``specserve`` in-process; returns (exit status, stdout, stderr)."""
+    try:
+        code: Any = main(list(argv))
+    except SystemExit as exc:
+        code = exc.code
+    captured = capfd.readouterr()
+    return int(code or 0), captured.out, captured.err
+
+
+def model_args(models: TinyModels, *, draft: Path | None = None) -> list[str]:
+    return [
+        "--target", str(models.target), "--draft", str(draft or models.draft_close),
+        "--threads", "1", "--draft-p-min", "0", "--ctx-size", "1024",
+    ]  # fmt: skip
+
+
+def one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{err}"
+    assert lines[0].startswith("specserve: error: ")
+    return lines[0]
