@@ -75,3 +75,20 @@ def test_sampled_generation_is_seeded(engine: SpeculativeEngine) -> None:
     a = _generate(engine, PROMPTS[0], "draft-model", params)
     b = _generate(engine, PROMPTS[0], "draft-model", params)
     assert a == b
+
+
+def test_concurrent_requests_match_solo_runs(engine: SpeculativeEngine) -> None:
+    """Two requests batched together (exact mode packs their rows under the kernel switch) = alone."""
+    from specserve.chat import render_chat
+
+    params = SamplingParams(max_tokens=24)
+    solo = [_generate(engine, p, "none", params) for p in PROMPTS[:2]]
+    seqs = []
+    for i, (prompt, drafter) in enumerate(zip(PROMPTS[:2], ("draft-model", "ngram"), strict=True)):
+        ids = engine.target.tokenize(
+            render_chat(engine.target, [{"role": "user", "content": prompt}]), parse_special=True
+        )
+        seqs.append(engine.add_request(f"batched-{i}", ids, params, SpeculationOptions(drafter=drafter)))
+    while engine.has_work():
+        engine.step()
+    assert [s.output_ids for s in seqs] == solo

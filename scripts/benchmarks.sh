@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Reproduce docs/BENCHMARKS.md's numbers on the default pair (run on an otherwise idle machine: llama.cpp's
+# threads lose most of their speed when another process holds a core). Writes docs/bench/<name>/.
+# Optional: LLAMA_SERVER=/path/to/llama-server adds llama.cpp's own speculative decoding as a peer.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+S=.venv/bin/specserve
+OUT=${OUT:-docs/bench}
+PORT=${PORT:-8123}
+PEER_PORT=${PEER_PORT:-8124}
+
+$S models pull
+
+# 1. Exact mode cost: target decode calls, exact vs --no-exact, interleaved.
+$S bench --in-process --exact-cost --output-dir "$OUT/exact-cost"
+
+# 2. Engine, exact mode (the default): plain vs n-gram (fixed k) vs draft model (fixed k) vs the default policy.
+$S bench --in-process --output-dir "$OUT/engine-exact" --max-tokens 128
+
+# 3. Engine, fast mode (--no-exact): repacked weights allow longer verify batches.
+$S bench --in-process --no-exact --modes plain,ngram,auto --output-dir "$OUT/engine-fast" --max-tokens 128
+
+# 4. Server: speculation on vs off at 1, 2, 4, 8 concurrent clients (the server gets one thread per core
+#    it owns; the load generator is light).
+$S serve --port "$PORT" --max-running 8 --max-waiting 64 --log-level warning &
+server=$!
+trap 'kill $server 2>/dev/null || true' EXIT
+until curl -sf "http://127.0.0.1:$PORT/ready" >/dev/null; do sleep 2; done
+$S bench --url "http://127.0.0.1:$PORT" --output-dir "$OUT/server" --compare-spec \
+  --workload code-edit qa --concurrency 1,2,4,8 --requests 8 --max-tokens 48
+kill $server; wait $server 2>/dev/null || true
+
+# 5. Peer: llama.cpp's llama-server with the same pair (-md), same prompts and settings, one client.
+if [[ -n "${LLAMA_SERVER:-}" ]]; then
+  target=$($S models pull qwen2.5-coder-1.5b-instruct | sed 's/^[^:]*: //')
+  draft=$($S models pull qwen2.5-coder-0.5b-instruct | sed 's/^[^:]*: //')
+  "$LLAMA_SERVER" -m "$target" -md "$draft" --port "$PEER_PORT" -t "$(nproc)" -c 4096 --draft-max 16 \
+    >/dev/null 2>&1 &
+  peer=$!
+  until curl -sf "http://127.0.0.1:$PEER_PORT/health" >/dev/null; do sleep 2; done
+  $S serve --port "$PORT" --max-running 1 --log-level warning &
+  server=$!
+  until curl -sf "http://127.0.0.1:$PORT/ready" >/dev/null; do sleep 2; done
+  $S bench --url "http://127.0.0.1:$PORT" --output-dir "$OUT/peer" --compare-spec \
+    --peer-url "llama-server-md=http://127.0.0.1:$PEER_PORT" \
+    --workload code-edit qa creative --concurrency 1 --requests 3 --max-tokens 96
+  kill $server $peer; wait 2>/dev/null || true
+fi
