@@ -17,6 +17,9 @@ $S bench --in-process --exact-cost --output-dir "$OUT/exact-cost"
 # 2. Engine, exact mode (the default): plain vs n-gram (fixed k) vs draft model (fixed k) vs the default policy.
 $S bench --in-process --output-dir "$OUT/engine-exact" --max-tokens 128
 
+# 2b. The default policy against plain decoding only, two rounds in alternating order: is it ever slower?
+$S bench --in-process --modes plain,auto --repeats 2 --output-dir "$OUT/engine-auto" --max-tokens 96
+
 # 3. Engine, fast mode (--no-exact): repacked weights allow longer verify batches.
 $S bench --in-process --no-exact --modes plain,ngram,auto --output-dir "$OUT/engine-fast" --max-tokens 128
 
@@ -34,7 +37,8 @@ kill $server; wait $server 2>/dev/null || true
 if [[ -n "${LLAMA_SERVER:-}" ]]; then
   target=$($S models pull qwen2.5-coder-1.5b-instruct | sed 's/^[^:]*: //')
   draft=$($S models pull qwen2.5-coder-0.5b-instruct | sed 's/^[^:]*: //')
-  "$LLAMA_SERVER" -m "$target" -md "$draft" --port "$PEER_PORT" -t "$(nproc)" -c 4096 --draft-max 16 \
+  # --poll 0: an idle llama-server otherwise keeps its threads spinning and slows whatever runs next.
+  "$LLAMA_SERVER" -m "$target" -md "$draft" --port "$PEER_PORT" -t "$(nproc)" -c 4096 --poll 0 \
     >/dev/null 2>&1 &
   peer=$!
   until curl -sf "http://127.0.0.1:$PEER_PORT/health" >/dev/null; do sleep 2; done
@@ -44,5 +48,13 @@ if [[ -n "${LLAMA_SERVER:-}" ]]; then
   $S bench --url "http://127.0.0.1:$PORT" --output-dir "$OUT/peer" --compare-spec \
     --peer-url "llama-server-md=http://127.0.0.1:$PEER_PORT" \
     --workload code-edit qa creative --concurrency 1 --requests 3 --max-tokens 96
+  kill $peer; wait $peer 2>/dev/null || true
+  # The same without the draft model: llama.cpp's plain decoding.
+  "$LLAMA_SERVER" -m "$target" --port "$PEER_PORT" -t "$(nproc)" -c 4096 --poll 0 >/dev/null 2>&1 &
+  peer=$!
+  until curl -sf "http://127.0.0.1:$PEER_PORT/health" >/dev/null; do sleep 2; done
+  $S bench --url "http://127.0.0.1:$PORT" --output-dir "$OUT/peer-plain" --compare-spec \
+    --peer-url "llama-server=http://127.0.0.1:$PEER_PORT" \
+    --workload qa creative --concurrency 1 --requests 3 --max-tokens 96
   kill $server $peer; wait 2>/dev/null || true
 fi

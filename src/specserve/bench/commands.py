@@ -59,6 +59,12 @@ def add_subcommands(sub: Any) -> None:
     engine.add_argument("--modes", default="plain,ngram,draft-model,auto", help="Comma-separated modes.")
     engine.add_argument("--kinds", default=None, help="Comma-separated prompt kinds (default: all).")
     engine.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="Rounds over the prompts (mode order reversed every other round).",
+    )
+    engine.add_argument(
         "--exact-cost", action="store_true", help="Only measure exact vs fast mode decode cost (interleaved)."
     )
     engine.add_argument("--config", default=None)

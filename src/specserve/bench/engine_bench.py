@@ -107,7 +107,10 @@ def run_engine_bench(
     modes: list[str],
     max_tokens: int,
     progress: Callable[[str], None] = lambda _m: None,
+    repeats: int = 1,
 ) -> EngineBenchResult:
+    """Run every prompt in every mode, modes back to back per prompt; ``repeats`` rounds, the mode order
+    reversed every other round so that a mode's place in the sequence does not bias it."""
     target = open_runtime(_resolve(settings, settings.target), settings, 1)
     costs = CostModel(calibrate(target, 0))
     draft_runtime = None
@@ -123,11 +126,20 @@ def run_engine_bench(
     if not pays:
         result.notes.append(f"auto excludes the draft model: at 100% acceptance it reaches {best:.2f}x")
     try:
-        for i, item in enumerate(prompts):
+        # One policy per mode for the whole run, as a server keeps one: its acceptance statistics carry
+        # over from request to request.
+        policies: dict[str, DraftLengthPolicy] = {
+            name: CostAwarePolicy(costs, rows_per_call=exact_rows(target))
+            if MODES[name].policy == "cost"
+            else FixedLengthPolicy()
+            for name in modes
+        }
+        rounds = [(r, i, item) for r in range(repeats) for i, item in enumerate(prompts)]
+        for r, i, item in rounds:
             messages = [{"role": "user", "content": item["prompt"]}]
             prompt_ids = target.tokenize(render_chat(target, messages), parse_special=True)
-            plain_ids: list[int] | None = None
-            for mode_name in modes:
+            finished: dict[str, Sequence] = {}
+            for mode_name in modes if r % 2 == 0 else modes[::-1]:
                 mode = MODES[mode_name]
                 # The default policy only gets the draft model when it could pay (as build_engine decides).
                 names = tuple(
@@ -135,24 +147,24 @@ def run_engine_bench(
                     for n in mode.drafters
                     if n in drafters and (n != "draft-model" or pays or mode.policy == "fixed")
                 )
-                policy: DraftLengthPolicy = (
-                    CostAwarePolicy(costs, rows_per_call=exact_rows(target))
-                    if mode.policy == "cost"
-                    else FixedLengthPolicy()
-                )
                 options = EngineOptions(names, settings.num_draft_tokens, speculation_enabled=bool(names))
-                engine = SpeculativeEngine(target, {n: drafters[n] for n in names}, policy, costs, options)
+                engine = SpeculativeEngine(
+                    target, {n: drafters[n] for n in names}, policies[mode_name], costs, options
+                )
                 seq = engine.add_request(
-                    f"bench-{i}-{mode_name}", prompt_ids, SamplingParams(max_tokens=max_tokens)
+                    f"bench-{r}-{i}-{mode_name}", prompt_ids, SamplingParams(max_tokens=max_tokens)
                 )
                 while engine.has_work():
                     engine.step()
-                plain_ids = plain_ids if plain_ids is not None else seq.output_ids
+                finished[mode_name] = seq
+            plain_ids = finished["plain"].output_ids if "plain" in finished else None
+            for mode_name, seq in finished.items():
                 cell = result.cells.setdefault(item["kind"], {}).setdefault(mode_name, Cell())
                 speed = cell.add(seq, seq.output_ids == plain_ids)
+                stats = seq.stats
                 progress(
-                    f"[{i + 1}/{len(prompts)}] {item['kind']:8} {mode_name:12} {speed:6.2f} tok/s "
-                    f"accepted {seq.stats.num_accepted_tokens}/{seq.stats.num_draft_tokens}"
+                    f"[{r * len(prompts) + i + 1}/{len(rounds)}] {item['kind']:8} {mode_name:12} "
+                    f"{speed:6.2f} tok/s accepted {stats.num_accepted_tokens}/{stats.num_draft_tokens}"
                 )
     finally:
         target.close()

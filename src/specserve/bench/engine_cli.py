@@ -41,7 +41,12 @@ def bench_in_process(args: argparse.Namespace, settings: Settings, command: str)
                 kept.append(p)
         prompts = kept
     result = run_engine_bench(
-        settings, prompts, modes, args.max_tokens, progress=lambda m: print(m, file=sys.stderr)
+        settings,
+        prompts,
+        modes,
+        args.max_tokens,
+        progress=lambda m: print(m, file=sys.stderr),
+        repeats=args.repeats,
     )
     data = result.as_dict()
     (out / "report.json").write_text(json.dumps(data, indent=2))
