@@ -15,8 +15,8 @@ acceptance length = 1 + num_accepted_tokens / num_drafts; acceptance rate = acce
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -51,33 +51,6 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 _E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0)
 _STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
-
-
-@dataclass
-class _Snapshot:
-    """The engine counters at the previous step (engine thread only)."""
-
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_position: list[int] = field(default_factory=list)
-    generated_tokens: int = 0
-    draft_seconds: float = 0.0
-    verify_seconds: float = 0.0
-    drafter_failures: int = 0
-
-    @classmethod
-    def of(cls, stats: EngineStats) -> _Snapshot:
-        return cls(
-            stats.num_drafts,
-            stats.num_draft_tokens,
-            stats.num_accepted_tokens,
-            list(stats.accepted_per_position),
-            stats.generated_tokens,
-            stats.draft_seconds,
-            stats.verify_seconds,
-            stats.drafter_failures,
-        )
 
 
 class Metrics:
@@ -139,7 +112,7 @@ class Metrics:
 
         self._engine: AsyncEngine | None = None
         self._degraded: Callable[[], bool] = lambda: False
-        self._last = _Snapshot()
+        self._last = EngineStats()  # the engine counters at the previous step (engine thread only)
         self._draft_length = 0.0
         gauge(
             "num_requests_running",
@@ -157,7 +130,7 @@ class Metrics:
 
     def attach(self, engine: AsyncEngine, degraded: Callable[[], bool]) -> None:
         """Start feeding from ``engine`` (called once, before it serves requests)."""
-        self._last = _Snapshot()
+        self._last = EngineStats()
         self._engine = engine
         self._degraded = degraded
         engine.step_observers.append(self.observe_step)
@@ -189,7 +162,7 @@ class Metrics:
             self.verify_time.observe(stats.verify_seconds - last.verify_seconds)
         if stats.drafter_failures > last.drafter_failures:
             self.drafter_failures.inc(stats.drafter_failures - last.drafter_failures)
-        self._last = _Snapshot.of(stats)
+        self._last = copy.deepcopy(stats)
 
     # -- event loop -------------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from specserve.backends.llama_cpp import LlamaCppRuntime
-from specserve.drafters.base import Drafter, DraftOption, Proposal
+from specserve.drafters.base import Drafter
 from specserve.drafters.draft_model import DraftModelDrafter
 from specserve.drafters.length_policy import CostAwarePolicy, DraftLengthPolicy, FixedLengthPolicy
 from specserve.drafters.ngram import NgramDrafter
@@ -21,6 +21,7 @@ from specserve.engine.cost_model import CostModel, StepCostTable
 from specserve.engine.engine import EngineOptions, SpeculativeEngine
 from specserve.engine.sequence import Sequence, SpeculationOptions
 from specserve.request import SamplingParams
+from specserve.testing.faulty_drafter import ExplodingDrafter
 from specserve.testing.tiny_models import TinyModels
 
 PROMPT = "def add(self, other):\n    return self.value + other.value\n" * 2
@@ -201,24 +202,6 @@ def test_abort_frees_the_slot_and_others_continue(tiny_models: TinyModels, plain
             engine.step()
         assert keep.output_ids == plain_greedy.output_ids
         assert len(engine.scheduler._free_slots) == engine.target.info.max_sequences
-
-
-class ExplodingDrafter(Drafter):
-    """Proposes garbage once, then raises: the engine must fall back to plain decoding."""
-
-    name = "exploding"
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def available(self, seq: Sequence, limit: int) -> DraftOption:
-        return DraftOption(min(limit, 3))
-
-    def propose(self, seqs: object, num_tokens: list[int]) -> list[Proposal]:  # type: ignore[override]
-        self.calls += 1
-        if self.calls == 1:
-            return [Proposal([7] * k) for k in num_tokens]
-        raise RuntimeError("drafter bug")
 
 
 def test_failing_drafter_falls_back_to_plain_output(tiny_models: TinyModels, plain_greedy: Sequence) -> None:

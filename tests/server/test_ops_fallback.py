@@ -19,13 +19,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specserve.backends.llama_cpp import LlamaCppRuntime
 from specserve.config import Settings
-from specserve.drafters.base import Drafter, DraftOption, Proposal
+from specserve.drafters.base import Drafter
 from specserve.drafters.length_policy import FixedLengthPolicy
 from specserve.drafters.ngram import NgramDrafter
 from specserve.engine.cost_model import CostModel, StepCostTable
 from specserve.engine.engine import EngineOptions, SpeculativeEngine
-from specserve.engine.sequence import Sequence
 from specserve.server import create_app
+from specserve.testing.faulty_drafter import ExplodingDrafter
 from specserve.testing.tiny_models import TinyModels
 
 from .process import free_port, start_server, stop_server
@@ -88,24 +88,6 @@ def test_required_draft_model_that_fails_exits_with_a_clear_message(
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("specserve: error: loading the models failed: the draft model is required")
     assert "load_draft=always" in last and "truncated" in last
-
-
-class ExplodingDrafter(Drafter):
-    """Proposes garbage once, then raises: requests must go on as plain decoding."""
-
-    name = "exploding"
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def available(self, seq: Sequence, limit: int) -> DraftOption:
-        return DraftOption(min(limit, 3))
-
-    def propose(self, seqs: object, num_tokens: list[int]) -> list[Proposal]:  # type: ignore[override]
-        self.calls += 1
-        if self.calls == 1:
-            return [Proposal([7] * k) for k in num_tokens]
-        raise RuntimeError("drafter bug")
 
 
 def test_drafter_that_raises_mid_request_gives_the_plain_output(

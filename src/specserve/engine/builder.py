@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from specserve.backends.base import ModelRuntime
 from specserve.config import Settings
@@ -14,6 +16,9 @@ from specserve.drafters.length_policy import CostAwarePolicy, DraftLengthPolicy,
 from specserve.drafters.registry import DrafterContext, build_drafter
 from specserve.engine.cost_model import CostModel, StepCostTable, cached_calibration
 from specserve.engine.engine import EngineOptions, SpeculativeEngine
+
+if TYPE_CHECKING:
+    from specserve.models import ModelStore
 
 log = logging.getLogger("specserve.builder")
 
@@ -62,7 +67,7 @@ def open_runtime(path: str, settings: Settings, max_sequences: int) -> ModelRunt
 
 def build_engine(settings: Settings, calibrate_costs: bool = True) -> tuple[SpeculativeEngine, BuildReport]:
     """Load everything ``settings`` asks for. Raises on a bad target; a bad draft degrades unless required."""
-    from specserve.models import ModelStore, ModelStoreError, check_draft_compatible, read_vocab
+    from specserve.models import ModelStore
 
     started = time.perf_counter()
     report = BuildReport()
@@ -77,52 +82,15 @@ def build_engine(settings: Settings, calibrate_costs: bool = True) -> tuple[Spec
         "gpu_layers": settings.gpu_layers,
         "context": target.info.context_per_sequence,
     }
-    costs = CostModel(cached_calibration(target, 0, calib_dir, key) if calibrate_costs else _flat_costs())
+
+    def measure(runtime: ModelRuntime) -> StepCostTable:
+        return cached_calibration(runtime, 0, calib_dir, key) if calibrate_costs else _flat_costs()
+
+    costs = CostModel(measure(target))
 
     draft_runtime = None
-    want_draft = settings.draft_path_or_none is not None and (
-        settings.load_draft == "always" or settings.drafter == "draft-model" or settings.load_draft == "auto"
-    )
-    if settings.drafter in ("none", "ngram") or (
-        settings.load_draft == "never" and settings.drafter != "draft-model"
-    ):
-        want_draft = False
-    if want_draft:
-        assert settings.draft_path_or_none is not None
-        try:
-            draft_path = store.resolve(settings.draft_path_or_none)
-            check_draft_compatible(read_vocab(target_path), read_vocab(draft_path))
-            draft_runtime = open_runtime(str(draft_path), settings, settings.max_running)
-            costs.draft = (
-                cached_calibration(draft_runtime, 0, calib_dir, key) if calibrate_costs else _flat_costs()
-            )
-            report.draft_path = str(draft_path)
-        except Exception as exc:
-            if settings.load_draft == "always" or settings.drafter == "draft-model":
-                target.close()
-                demand = "load_draft=always" if settings.load_draft == "always" else "drafter=draft-model"
-                raise ModelStoreError(
-                    f"the draft model is required ({demand}) but could not be loaded: {exc}; "
-                    "fix it, or allow a start without it (load_draft=auto with drafter=auto)"
-                ) from exc
-            report.degraded = True
-            report.notes.append(f"draft model not loaded: {exc}")
-            log.warning("draft model not loaded, continuing without it: %s", exc)
-        if draft_runtime is not None and settings.load_draft == "auto" and settings.drafter == "auto":
-            pays, best = draft_model_can_pay(
-                costs, min(settings.num_draft_tokens, target.info.max_verify_tokens - 1)
-            )
-            if not pays:
-                note = (
-                    f"draft model unloaded: even at 100% acceptance it would reach {best:.2f}x plain speed "
-                    f"(target 1 token {costs.target(1) * 1000:.1f} ms, draft 1 token "
-                    f"{costs.draft(1) * 1000 if costs.draft else 0:.1f} ms)"
-                )
-                report.notes.append(note)
-                log.info(note)
-                draft_runtime.close()
-                draft_runtime, costs.draft, report.draft_path = None, None, None
-
+    if _wants_draft(settings):
+        draft_runtime = _load_draft(settings, store, target, target_path, costs, report, measure)
     context = DrafterContext(draft_runtime, settings.ngram_min_n, settings.draft_p_min)
     drafters: dict[str, Drafter] = {"ngram": build_drafter("ngram", context)}
     if draft_runtime is not None:
@@ -142,6 +110,65 @@ def build_engine(settings: Settings, calibrate_costs: bool = True) -> tuple[Spec
     engine = SpeculativeEngine(target, drafters, policy, costs, options, settings.prefill_chunk)
     report.seconds = time.perf_counter() - started
     return engine, report
+
+
+def _requires_draft(settings: Settings) -> bool:
+    return settings.load_draft == "always" or settings.drafter == "draft-model"
+
+
+def _wants_draft(settings: Settings) -> bool:
+    """Load a draft model when one is named and may be used: required, or left to the cost model (auto)."""
+    if settings.draft_path_or_none is None:
+        return False
+    return _requires_draft(settings) or (settings.load_draft == "auto" and settings.drafter == "auto")
+
+
+def _load_draft(
+    settings: Settings,
+    store: ModelStore,
+    target: ModelRuntime,
+    target_path: Path,
+    costs: CostModel,
+    report: BuildReport,
+    measure: Callable[[ModelRuntime], StepCostTable],
+) -> ModelRuntime | None:
+    """The draft runtime, calibrated into ``costs``; None (degraded, or it cannot pay) where allowed."""
+    from specserve.models import ModelStoreError, check_draft_compatible, read_vocab
+
+    assert settings.draft_path_or_none is not None
+    try:
+        draft_path = store.resolve(settings.draft_path_or_none)
+        check_draft_compatible(read_vocab(target_path), read_vocab(draft_path))
+        draft_runtime = open_runtime(str(draft_path), settings, settings.max_running)
+        costs.draft = measure(draft_runtime)
+        report.draft_path = str(draft_path)
+    except Exception as exc:
+        if _requires_draft(settings):
+            target.close()
+            demand = "load_draft=always" if settings.load_draft == "always" else "drafter=draft-model"
+            raise ModelStoreError(
+                f"the draft model is required ({demand}) but could not be loaded: {exc}; "
+                "fix it, or allow a start without it (load_draft=auto with drafter=auto)"
+            ) from exc
+        report.degraded = True
+        report.notes.append(f"draft model not loaded: {exc}")
+        log.warning("draft model not loaded, continuing without it: %s", exc)
+        return None
+    if _requires_draft(settings):
+        return draft_runtime
+    pays, best = draft_model_can_pay(costs, min(settings.num_draft_tokens, target.info.max_verify_tokens - 1))
+    if pays:
+        return draft_runtime
+    note = (
+        f"draft model unloaded: even at 100% acceptance it would reach {best:.2f}x plain speed "
+        f"(target 1 token {costs.target(1) * 1000:.1f} ms, draft 1 token "
+        f"{costs.draft(1) * 1000 if costs.draft else 0:.1f} ms)"
+    )
+    report.notes.append(note)
+    log.info(note)
+    draft_runtime.close()
+    costs.draft, report.draft_path = None, None
+    return None
 
 
 def exact_rows(target: ModelRuntime) -> int | None:
