@@ -23,6 +23,9 @@ $S bench --in-process --modes plain,auto --repeats 2 --output-dir "$OUT/engine-a
 # 3. Engine, fast mode (--no-exact): repacked weights allow longer verify batches.
 $S bench --in-process --no-exact --modes plain,ngram,auto --output-dir "$OUT/engine-fast" --max-tokens 128
 
+# 3b. evaluate: acceptance per drafter and draft length per built-in workload, expected speed-up, advice.
+$S evaluate --limit 1 --draft-lengths 2,4,6 --max-tokens 64 --output-dir "$OUT/evaluate"
+
 # 4. Server: speculation on vs off at 1, 2, 4, 8 concurrent clients (the server gets one thread per core
 #    it owns; the load generator is light).
 $S serve --port "$PORT" --max-running 8 --max-waiting 64 --log-level warning &
