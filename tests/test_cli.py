@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
+from cli_runner import run_cli as run_main
 from specserve.backends.llama_cpp import LlamaCppRuntime
 from specserve.chat import render_chat
-from specserve.cli import main
 from specserve.config import Settings, redacted
 from specserve.testing.tiny_models import TinyModels
 
@@ -36,16 +36,6 @@ def isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Pa
     monkeypatch.setenv("SPECSERVE_MODEL_DIR", str(model_dir))
     monkeypatch.setenv("SPECSERVE_CALIBRATION_CACHE", "false")
     yield model_dir
-
-
-def run_main(capfd: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """Run the CLI in-process; returns (exit status, stdout, stderr) including C-level output."""
-    try:
-        code: Any = main(list(argv))
-    except SystemExit as exc:
-        code = exc.code
-    captured = capfd.readouterr()
-    return int(code or 0), captured.out, captured.err
 
 
 @contextlib.contextmanager

@@ -6,12 +6,10 @@ import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from server.process import ServerProcess, start_server, stop_server  # tests/ is on sys.path (rootdir)
-from specserve.cli import main
 from specserve.testing.tiny_models import TinyModels
 
 
@@ -35,16 +33,6 @@ def bench_server(
     code = stop_server(proc)
     assert code in (0, -signal.SIGTERM), proc.log()
     assert "Traceback" not in proc.log()
-
-
-def run_cli(capfd: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """Run ``specserve`` in-process; returns (exit status, stdout, stderr)."""
-    try:
-        code: Any = main(list(argv))
-    except SystemExit as exc:
-        code = exc.code
-    captured = capfd.readouterr()
-    return int(code or 0), captured.out, captured.err
 
 
 def model_args(models: TinyModels, *, draft: Path | None = None) -> list[str]:

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from cli_runner import run_cli
 from server.process import ServerProcess, free_port
 
-from .conftest import one_error_line, run_cli
+from .conftest import one_error_line
 
 CONTRACT_KEYS = {
     "workload", "mode", "concurrency", "requests", "errors", "tokens_per_second_p50",

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from cli_runner import run_cli
 from specserve.testing.tiny_models import TinyModels
 
-from .conftest import model_args, one_error_line, run_cli
+from .conftest import model_args, one_error_line
 
 
 def test_verify_in_process_passes(
