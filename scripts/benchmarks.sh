@@ -26,6 +26,10 @@ $S bench --in-process --no-exact --modes plain,ngram,auto --output-dir "$OUT/eng
 # 3b. evaluate: acceptance per drafter and draft length per built-in workload, expected speed-up, advice.
 $S evaluate --limit 1 --draft-lengths 2,4,6 --max-tokens 64 --output-dir "$OUT/evaluate"
 
+# 3c. verify: greedy equality and a sampled distribution check with the draft model drafting every step.
+$S verify --in-process --limit 1 --max-tokens 48 --seeds 20 --drafter draft-model --num-draft-tokens 6 \
+  --output-dir "$OUT/verify"
+
 # 4. Server: speculation on vs off at 1, 2, 4, 8 concurrent clients (the server gets one thread per core
 #    it owns; the load generator is light).
 $S serve --port "$PORT" --max-running 8 --max-waiting 64 --log-level warning &
