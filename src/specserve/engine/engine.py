@@ -251,7 +251,7 @@ class SpeculativeEngine:
         result = self._verify(seq, drafts, proposal.draft_probs, rows)
         num_accepted = len(result) - 1
         seq.stats.record(len(drafts), num_accepted, plan.drafter.name if plan.drafter else None)
-        self.stats.record_verify(len(drafts), num_accepted)
+        self.stats.record(len(drafts), num_accepted)
         if plan.drafter is not None and plan.drafter.name in self.drafters:
             plan.drafter.accept(seq, num_accepted)
             self.policy.observe(seq, dataclasses.replace(plan, num_tokens=len(drafts)), num_accepted)

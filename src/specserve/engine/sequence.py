@@ -25,32 +25,26 @@ class SequenceStatus(enum.Enum):
 
 
 @dataclass
-class SpecStats:
-    """Speculation counters of one request (vLLM's names). Mean acceptance length = 1 + accepted / drafts."""
+class AcceptanceCounts:
+    """Speculation counters (vLLM's names). Mean acceptance length = 1 + accepted / drafts."""
 
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
-    first_rejections: list[int] = field(default_factory=list)
-    drafts_by_drafter: dict[str, int] = field(default_factory=dict)
-    """Drafts per drafter name (for logs: which drafters a request used)."""
 
-    def record(self, num_draft_tokens: int, num_accepted: int, drafter: str | None = None) -> None:
+    def record(self, num_draft_tokens: int, num_accepted: int) -> None:
+        """Count one verify step that checked ``num_draft_tokens`` drafts and accepted ``num_accepted``."""
         assert 0 <= num_accepted <= num_draft_tokens
         if num_draft_tokens == 0:
             return
         self.num_drafts += 1
-        if drafter is not None:
-            self.drafts_by_drafter[drafter] = self.drafts_by_drafter.get(drafter, 0) + 1
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted
         while len(self.accepted_per_position) < num_draft_tokens:
             self.accepted_per_position.append(0)
         for pos in range(num_accepted):
             self.accepted_per_position[pos] += 1
-        if num_accepted < num_draft_tokens and len(self.first_rejections) < 32:
-            self.first_rejections.append(num_accepted)
 
     @property
     def acceptance_rate(self) -> float:
@@ -59,6 +53,24 @@ class SpecStats:
     @property
     def mean_acceptance_length(self) -> float:
         return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+
+@dataclass
+class SpecStats(AcceptanceCounts):
+    """One request's speculation counters, plus what its log line reports."""
+
+    first_rejections: list[int] = field(default_factory=list)
+    drafts_by_drafter: dict[str, int] = field(default_factory=dict)
+    """Drafts per drafter name (for logs: which drafters a request used)."""
+
+    def record(self, num_draft_tokens: int, num_accepted: int, drafter: str | None = None) -> None:
+        super().record(num_draft_tokens, num_accepted)
+        if num_draft_tokens == 0:
+            return
+        if drafter is not None:
+            self.drafts_by_drafter[drafter] = self.drafts_by_drafter.get(drafter, 0) + 1
+        if num_accepted < num_draft_tokens and len(self.first_rejections) < 32:
+            self.first_rejections.append(num_accepted)
 
     def as_dict(self) -> dict[str, float | int]:
         return {
