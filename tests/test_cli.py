@@ -299,7 +299,8 @@ def test_config_show_prints_json(
     code, out, err = run_main(capfd, "config", "show")
     assert code == 0, err
     shown = json.loads(out)
-    assert set(shown) == set(redacted(Settings()))
+    assert set(shown) == set(redacted(Settings())) | {"exactness"}
+    assert shown["exactness"]["mode"] == "batch-invariant"  # the project's build carries the patch
     assert shown["context_size"] == Settings().context_size
     assert shown["max_running"] == 2  # from the environment
 

@@ -112,7 +112,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(settings_table())
             return 0
         if args.command == "config":
-            print(json.dumps(redacted(load_settings(args, config_file=args.config)), indent=2))
+            settings = load_settings(args, config_file=args.config)
+            shown = redacted(settings) | {"exactness": _planned_exactness(settings.exact)}
+            print(json.dumps(shown, indent=2))
             return 0
     except (CliError, SettingsError, ValueError) as exc:
         _fail(str(exc))
@@ -126,6 +128,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             _fail(str(exc))
         raise
     return 1
+
+
+def _planned_exactness(exact: bool) -> dict[str, object]:
+    """What exact mode will run as with the installed llama.cpp (the model's own self-check comes at load)."""
+    from specserve.backends.llama_cpp import EXACT_MAX_ROWS, build_is_batch_invariant
+
+    invariant = build_is_batch_invariant()
+    if not exact:
+        mode, why = "off", "exact = false: fastest kernels, no token-for-token promise"
+    elif invariant:
+        mode, why = "batch-invariant", "patched build; proved on the model by a self-check at load"
+    else:
+        mode, why = "capped", f"stock llama.cpp build: no weight repacking, calls of <= {EXACT_MAX_ROWS} rows"
+    return {"mode": mode, "build_batch_invariant": invariant, "why": why}
 
 
 def _sampling(args: argparse.Namespace) -> Any:

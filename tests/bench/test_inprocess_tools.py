@@ -75,8 +75,8 @@ def test_evaluate_recommends_a_configuration(
     assert code == 0, err
     report = json.loads((tmp_path / "report.json").read_text())
     assert set(report["workloads"]) == {"qa", "code-edit"}
-    labels = {"plain", "auto", *(f"{d} k={k}" for d in ("ngram", "draft-model") for k in (1, 4, 6))}
-    assert any("capped" in n or "run as 6" in n for n in report["notes"])  # exact mode: 8 runs as 6
+    labels = {"plain", "auto", *(f"{d} k={k}" for d in ("ngram", "draft-model") for k in (1, 4, 8))}
+    assert not any("run as" in n for n in report["notes"])  # batch-invariant exact mode caps no draft length
     for section in [*report["workloads"].values(), report["overall"]]:
         assert set(section["configs"]) == labels
         plain = section["configs"]["plain"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -50,6 +51,10 @@ class DecodeChunk:
             raise ValueError(f"num_logits={self.num_logits} outside [0, {len(self.tokens)}]")
 
 
+Exactness = Literal["batch-invariant", "capped", "off"]
+"""How a runtime keeps a token's logits independent of its batch (``off``: it does not try)."""
+
+
 @dataclass(frozen=True)
 class RuntimeInfo:
     """Static facts about a loaded model."""
@@ -63,7 +68,12 @@ class RuntimeInfo:
     exact: bool
     max_verify_tokens: int = 1 << 16
     """Longest verify chunk (pending token + drafts) whose logits equal one-token steps bit for bit; the
-    engine never drafts more than this minus one. Unbounded unless the backend is in exact mode."""
+    engine never drafts more than this minus one. Bounded only in ``capped`` exact mode."""
+    exactness: Exactness = "off"
+    """``batch-invariant``: any batch size is exact; ``capped``: only calls of at most ``max_verify_tokens``
+    rows are (and longer chunks run alone); ``off``: no promise (fast mode)."""
+    exactness_note: str = ""
+    """Why this mode: the self-check's outcome, or why it fell back to ``capped``."""
 
 
 class ModelRuntime(ABC):

@@ -5,20 +5,27 @@ sequences, and per-sequence KV truncation; the high-level ``Llama`` class offers
 
 Exactness (``exact=True``): greedy speculative output must equal plain greedy output token for token, which
 needs the logits of a token to be bit-identical whether it is evaluated alone or inside a verify batch. In
-ggml's CPU backend that holds when every matrix product computes each output row with the same dot-product
-kernel whatever the batch size. Three things break that, and exact mode turns each off:
+ggml's CPU backend that holds when every matrix product computes each output row the same way whatever the
+batch size. Stock ggml does not: repacked Q4_K weights run a gemv for one row and a gemm for 4 or 16, and
+K-quants switch from vec_dot to a tiled kernel at 8 rows. Exact mode therefore runs in one of two ways
+(``RuntimeInfo.exactness``):
 
-* weight repacking (``use_extra_bufts``) switches to blocked GEMM kernels for batches and GEMV for one token;
-* llamafile's sgemm (a build option: specserve's build sets ``-DGGML_LLAMAFILE=OFF``) does the same;
-* flash attention accumulates the softmax in tiles whose shape depends on the number of query rows.
+* ``batch-invariant``: specserve's build patches those kernels (``patches/llama.cpp-batch-invariant.patch``,
+  ggml feature ``BATCH_INVARIANT``), so weight repacking stays on and a call may hold any number of rows. A
+  self-check at load (:mod:`specserve.backends.invariance`) proves it on the loaded model.
+* ``capped``: where the build lacks the patch or the self-check fails (another weight type, another CPU),
+  repacking is off and calls hold at most ``EXACT_MAX_ROWS`` rows, so every K-quant row runs vec_dot.
 
-Sequences get separate KV streams (``kv_unified=False``) so one sequence's cache layout, and hence the order
-of its attention sums, does not depend on which other sequences share the batch.
+Both turn off flash attention, which accumulates the softmax in tiles whose shape depends on the number of
+query rows, and llamafile's sgemm (a build option: ``-DGGML_LLAMAFILE=OFF``). Sequences get separate KV
+streams (``kv_unified=False``) so one sequence's cache layout, and hence the order of its attention sums,
+does not depend on which other sequences share the batch.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import os
 from collections.abc import Sequence
@@ -28,10 +35,19 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from specserve.backends.base import DecodeChunk, DecodeError, ModelLoadError, ModelRuntime, RuntimeInfo
+from specserve.backends.base import (
+    DecodeChunk,
+    DecodeError,
+    Exactness,
+    ModelLoadError,
+    ModelRuntime,
+    RuntimeInfo,
+)
+from specserve.backends.invariance import check_batch_invariance
 
-# ggml's CPU backend switches K-quant matrix products to a tiled kernel at 8 rows (ggml-cpu/tiled/tiled.cpp,
-# ggml_tiled_min_batch); below that every row goes through the same vec_dot kernel as a one-token step.
+# Capped exact mode: ggml's CPU backend switches K-quant matrix products to a tiled kernel at 8 rows
+# (ggml-cpu/tiled/tiled.cpp, ggml_tiled_min_batch); below that, without repacking, every row goes through the
+# same vec_dot kernel as a one-token step.
 EXACT_MAX_ROWS = 7
 
 _BACKEND_READY = False
@@ -66,6 +82,12 @@ def _llama() -> Any:
     return llama_cpp
 
 
+def build_is_batch_invariant() -> bool:
+    """Whether the loaded llama.cpp was built with the batch-invariant patch (ggml CPU feature)."""
+    features = _llama().llama_print_system_info().decode(errors="replace")
+    return "BATCH_INVARIANT = 1" in features
+
+
 class LlamaCppRuntime(ModelRuntime):
     """A GGUF model in llama.cpp with ``max_sequences`` independent KV streams."""
 
@@ -79,7 +101,10 @@ class LlamaCppRuntime(ModelRuntime):
         exact: bool = True,
         batch_capacity: int = 512,
         n_gpu_layers: int = 0,
+        self_check: bool = True,
     ) -> None:
+        """``self_check=False`` trusts the build's batch invariance without proving it on this model (a
+        draft model: its logits only propose tokens, so they need not be exact)."""
         from specserve.models import GGUFFileError, check_gguf_file
 
         path = Path(path)
@@ -87,61 +112,91 @@ class LlamaCppRuntime(ModelRuntime):
             check_gguf_file(path)
         except GGUFFileError as exc:
             raise ModelLoadError(str(exc)) from exc
-        lib = _llama()
-        self._lib = lib
-        threads = n_threads or max(1, os.cpu_count() or 1)
+        self._lib = _llama()
+        self._path = path
+        self._options = (context_per_sequence, max_sequences, n_threads or max(1, os.cpu_count() or 1))
+        self._gpu_layers = n_gpu_layers
+        self._requested_capacity = batch_capacity
+        self._piece_cache: dict[int, bytes] = {}
+        self._eog_cache: dict[int, bool] = {}
+        self._closed = True
+        if not exact:
+            self._load("off")
+        elif not build_is_batch_invariant():
+            self._load(
+                "capped", "this llama.cpp build lacks the batch-invariant patch (ggml BATCH_INVARIANT)"
+            )
+        else:
+            self._load("batch-invariant")
+            if self_check:
+                try:
+                    result = check_batch_invariance(self)
+                except BaseException:
+                    self._release()
+                    raise
+                if result.ok:
+                    self.info = dataclasses.replace(self.info, exactness_note=result.describe())
+                else:
+                    note = f"batch-invariance self-check failed: {result.describe()}"
+                    log.warning("%s; exact mode falls back to capped verify batches", note)
+                    self._release()
+                    self._load("capped", note)
 
+    def _load(self, exactness: Exactness, note: str = "") -> None:
+        """Load the model and create the context for one exactness mode (see the module docstring)."""
+        lib = self._lib
+        context_per_sequence, max_sequences, threads = self._options
         mparams = lib.llama_model_default_params()
-        mparams.n_gpu_layers = n_gpu_layers
-        mparams.use_extra_bufts = not exact
-        self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
+        mparams.n_gpu_layers = self._gpu_layers
+        mparams.use_extra_bufts = exactness != "capped"
+        self._model = lib.llama_model_load_from_file(str(self._path).encode(), mparams)
         if not self._model:
-            raise ModelLoadError(f"llama.cpp could not load {path}: not a supported GGUF model")
+            raise ModelLoadError(f"llama.cpp could not load {self._path}: not a supported GGUF model")
 
         cparams = lib.llama_context_default_params()
         cparams.n_ctx = context_per_sequence * max_sequences
-        cparams.n_batch = batch_capacity
-        cparams.n_ubatch = batch_capacity
+        cparams.n_batch = self._requested_capacity
+        cparams.n_ubatch = self._requested_capacity
         cparams.n_seq_max = max_sequences
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.kv_unified = False
         cparams.no_perf = True
         cparams.flash_attn_type = (
-            lib.LLAMA_FLASH_ATTN_TYPE_DISABLED if exact else lib.LLAMA_FLASH_ATTN_TYPE_AUTO
+            lib.LLAMA_FLASH_ATTN_TYPE_AUTO if exactness == "off" else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
         self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             lib.llama_model_free(self._model)
-            raise ModelLoadError(f"llama.cpp could not create a context for {path} (n_ctx={cparams.n_ctx})")
+            raise ModelLoadError(
+                f"llama.cpp could not create a context for {self._path} (n_ctx={cparams.n_ctx})"
+            )
 
         self._vocab = lib.llama_model_get_vocab(self._model)
         self._memory = lib.llama_get_memory(self._ctx)
-        vocab_size = int(lib.llama_vocab_n_tokens(self._vocab))
+        # llama.cpp caps n_batch at the context size; a larger batch would abort the process (GGML_ASSERT).
+        self._capacity = min(self._requested_capacity, int(lib.llama_n_batch(self._ctx)))
         desc = ctypes.create_string_buffer(256)
         lib.llama_model_desc(self._model, desc, 256)
         self.info = RuntimeInfo(
-            path=str(path),
+            path=str(self._path),
             description=desc.value.decode(errors="replace"),
-            vocab_size=vocab_size,
+            vocab_size=int(lib.llama_vocab_n_tokens(self._vocab)),
             # llama.cpp pads the context; the engine keeps to what was asked for.
             context_per_sequence=min(context_per_sequence, int(lib.llama_n_ctx_seq(self._ctx))),
             max_sequences=max_sequences,
             n_threads=threads,
-            exact=exact,
-            max_verify_tokens=EXACT_MAX_ROWS if exact else batch_capacity,
+            exact=exactness != "off",
+            max_verify_tokens=EXACT_MAX_ROWS if exactness == "capped" else self._capacity,
+            exactness=exactness,
+            exactness_note=note,
         )
-        # llama.cpp caps n_batch at the context size; a larger batch would abort the process (GGML_ASSERT).
-        batch_capacity = min(batch_capacity, int(lib.llama_n_batch(self._ctx)))
-        self._capacity = batch_capacity
-        self._batch = lib.llama_batch_init(batch_capacity, 0, 1)
-        self._tokens = np.ctypeslib.as_array(self._batch.token, shape=(batch_capacity,))
-        self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(batch_capacity,))
-        self._n_seq_id = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(batch_capacity,))
-        self._want_logits = np.ctypeslib.as_array(self._batch.logits, shape=(batch_capacity,))
+        self._batch = lib.llama_batch_init(self._capacity, 0, 1)
+        self._tokens = np.ctypeslib.as_array(self._batch.token, shape=(self._capacity,))
+        self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(self._capacity,))
+        self._n_seq_id = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(self._capacity,))
+        self._want_logits = np.ctypeslib.as_array(self._batch.logits, shape=(self._capacity,))
         self._n_seq_id[:] = 1
-        self._piece_cache: dict[int, bytes] = {}
-        self._eog_cache: dict[int, bool] = {}
         self._closed = False
 
     # -- vocabulary -------------------------------------------------------------------------------
@@ -199,12 +254,12 @@ class LlamaCppRuntime(ModelRuntime):
     def _plan_calls(self, chunks: Sequence[DecodeChunk]) -> list[list[tuple[int, DecodeChunk]]]:
         """Group chunks (split to the batch capacity) into llama_decode calls.
 
-        Exact mode keeps every row's kernel independent of its batch-mates: ggml computes K-quant matrix
-        products of 8 or more rows with a tiled kernel whose rounding differs from the row-by-row kernel used
-        below 8 rows. So a chunk of 8+ rows (a prompt chunk) gets a call of its own — as it would alone — and
-        smaller chunks share calls of at most ``EXACT_MAX_ROWS`` rows.
+        Capped exact mode keeps every row's kernel independent of its batch-mates: unpatched ggml computes
+        K-quant matrix products of 8 or more rows with a tiled kernel whose rounding differs from the
+        row-by-row kernel used below 8 rows. So a chunk of 8+ rows (a prompt chunk) gets a call of its own —
+        as it would alone — and smaller chunks share calls of at most ``EXACT_MAX_ROWS`` rows.
         """
-        limit = EXACT_MAX_ROWS if self.info.exact else self._capacity
+        limit = EXACT_MAX_ROWS if self.info.exactness == "capped" else self._capacity
         calls: list[list[tuple[int, DecodeChunk]]] = []
         current: list[tuple[int, DecodeChunk]] = []
         used = 0
@@ -269,6 +324,9 @@ class LlamaCppRuntime(ModelRuntime):
     def close(self) -> None:
         if self._closed:
             return
+        self._release()
+
+    def _release(self) -> None:
         self._closed = True
         self._lib.llama_batch_free(self._batch)
         self._lib.llama_free(self._ctx)

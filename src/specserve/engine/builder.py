@@ -33,6 +33,9 @@ class BuildReport:
     notes: list[str] = field(default_factory=list)
     degraded: bool = False
     seconds: float = 0.0
+    exactness: str = "off"
+    """The target's exactness mode (RuntimeInfo.exactness) and why: the load-time self-check's outcome."""
+    exactness_note: str = ""
 
 
 def draft_model_can_pay(costs: CostModel, max_k: int) -> tuple[bool, float]:
@@ -50,7 +53,8 @@ def draft_model_can_pay(costs: CostModel, max_k: int) -> tuple[bool, float]:
     return best > 1.0, best
 
 
-def open_runtime(path: str, settings: Settings, max_sequences: int) -> ModelRuntime:
+def open_runtime(path: str, settings: Settings, max_sequences: int, self_check: bool = True) -> ModelRuntime:
+    """A llama.cpp runtime for ``settings``; ``self_check=False`` for a draft model (see LlamaCppRuntime)."""
     from specserve.backends.llama_cpp import LlamaCppRuntime
 
     capacity = max(512, settings.prefill_chunk + max_sequences * (settings.num_draft_tokens + 1))
@@ -62,6 +66,7 @@ def open_runtime(path: str, settings: Settings, max_sequences: int) -> ModelRunt
         exact=settings.exact,
         batch_capacity=capacity,
         n_gpu_layers=settings.gpu_layers,
+        self_check=self_check,
     )
 
 
@@ -75,10 +80,16 @@ def build_engine(settings: Settings, calibrate_costs: bool = True) -> tuple[Spec
     target_path = store.resolve(settings.target)
     report.target_path = str(target_path)
     target = open_runtime(str(target_path), settings, settings.max_running)
+    report.exactness, report.exactness_note = target.info.exactness, target.info.exactness_note
+    if settings.exact and target.info.exactness == "capped":
+        report.notes.append(
+            f"exact mode capped at {target.info.max_verify_tokens}-row calls: {report.exactness_note}"
+        )
     calib_dir = store.cache_dir / "calibration" if settings.calibration_cache else None
     key = {
         "threads": target.info.n_threads,
         "exact": settings.exact,
+        "exactness": target.info.exactness,
         "gpu_layers": settings.gpu_layers,
         "context": target.info.context_per_sequence,
     }
@@ -139,7 +150,7 @@ def _load_draft(
     try:
         draft_path = store.resolve(settings.draft_path_or_none)
         check_draft_compatible(read_vocab(target_path), read_vocab(draft_path))
-        draft_runtime = open_runtime(str(draft_path), settings, settings.max_running)
+        draft_runtime = open_runtime(str(draft_path), settings, settings.max_running, self_check=False)
         costs.draft = measure(draft_runtime)
         report.draft_path = str(draft_path)
     except Exception as exc:
@@ -172,8 +183,9 @@ def _load_draft(
 
 
 def exact_rows(target: ModelRuntime) -> int | None:
-    """Rows per llama_decode call in exact mode (the policy's cost of a step depends on it)."""
-    return target.info.max_verify_tokens if target.info.exact else None
+    """Rows per llama_decode call in capped exact mode (the policy's cost of a step depends on it); None
+    where a step is one call whatever its size."""
+    return target.info.max_verify_tokens if target.info.exactness == "capped" else None
 
 
 def _flat_costs() -> StepCostTable:

@@ -191,6 +191,7 @@ async def ready(request: Request) -> JSONResponse:
             "degraded": bool(reasons),
             "degraded_reasons": reasons,
             "notes": report.notes if report else [],
+            "exactness": {"mode": report.exactness, "check": report.exactness_note} if report else None,
             "load_seconds": round(report.seconds, 3) if report else None,
         }
     )

@@ -1,0 +1,146 @@
+"""Batch invariance on K-quant models: the patched ggml kernels, the load-time self-check, and its fallback.
+
+The tiny f32/f16/q8_0 models cannot see ggml's batch-size kernel switches; these tests quantize a tiny model
+with llama.cpp's own quantizer (Q4_K_M: repacked Q4_K gemv/gemm, Q6_K vec_dot/tiled) and compare logits
+with ``np.array_equal``, never with a tolerance. They fail if the batch-invariant patch is lost from the
+build: stock ggml differs from 4 rows on (repacked Q4_K) and from 8 rows on (Q6_K).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from specserve.backends import invariance, llama_cpp
+from specserve.backends.base import DecodeChunk
+from specserve.backends.invariance import InvarianceResult, check_batch_invariance, check_tokens
+from specserve.backends.llama_cpp import EXACT_MAX_ROWS, LlamaCppRuntime, build_is_batch_invariant
+from specserve.testing.quantized import tensor_types, tiny_kquant_model
+
+Logits = npt.NDArray[np.float32]
+OpenRuntime = Callable[..., LlamaCppRuntime]
+MAX_ROWS = 32
+
+
+@pytest.fixture(scope="module")
+def q4_k_m(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_kquant_model(tmp_path_factory.mktemp("kquant"), "Q4_K_M")
+
+
+@pytest.fixture
+def open_runtime(q4_k_m: Path) -> Iterator[OpenRuntime]:
+    opened: list[LlamaCppRuntime] = []
+
+    def factory(path: Path | None = None, **kwargs: object) -> LlamaCppRuntime:
+        options: dict[str, object] = {"n_threads": 1, "context_per_sequence": 1024, "max_sequences": 2}
+        runtime = LlamaCppRuntime(path or q4_k_m, **(options | kwargs))  # type: ignore[arg-type]
+        opened.append(runtime)
+        return runtime
+
+    yield factory
+    for runtime in opened:
+        runtime.close()
+
+
+def one_token_steps(runtime: LlamaCppRuntime, seq: int, tokens: list[int], start: int) -> Logits:
+    """Logits of ``tokens`` decoded one per call from position ``start`` (plain decoding)."""
+    rows = [runtime.decode([DecodeChunk(seq, [t], start + i, 1)])[0][0].copy() for i, t in enumerate(tokens)]
+    return np.stack(rows)
+
+
+def test_the_model_reaches_both_kernel_switches(q4_k_m: Path) -> None:
+    types = tensor_types(q4_k_m)
+    assert types["output.weight"] == "Q6_K"
+    assert {types["blk.0.ffn_down.weight"], types["blk.1.ffn_down.weight"]} == {"Q4_K", "Q6_K"}
+    assert types["blk.0.attn_q.weight"] == "Q4_K"
+
+
+def test_the_build_carries_the_patch() -> None:
+    assert build_is_batch_invariant(), (
+        "llama-cpp-python was built without patches/llama.cpp-batch-invariant.patch"
+    )
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_every_row_of_every_batch_size_equals_one_token_decoding(
+    open_runtime: OpenRuntime, threads: int
+) -> None:
+    runtime = open_runtime(n_threads=threads)
+    assert runtime.info.exactness == "batch-invariant", runtime.info.exactness_note
+    tokens = check_tokens(runtime, 40 + MAX_ROWS)
+    context, probe = tokens[:40], tokens[40:]
+    runtime.decode([DecodeChunk(0, context, 0, 0)])
+    plain = one_token_steps(runtime, 0, probe, len(context))
+    for n in range(1, MAX_ROWS + 1):
+        runtime.truncate(0, len(context))
+        batched = runtime.decode([DecodeChunk(0, probe[:n], len(context), n)])[0]
+        for row in range(n):
+            assert np.array_equal(batched[row], plain[row]), f"row {row} of a {n}-row batch"
+
+
+def test_prompt_prefill_in_any_chunking_and_mixed_sequences_are_exact(open_runtime: OpenRuntime) -> None:
+    """A prompt decoded in uneven pieces beside another sequence's verify rows gives the same KV as alone."""
+    runtime = open_runtime()
+    tokens = check_tokens(runtime, 300)
+    prompt, probe = tokens[:280], tokens[280:]
+    runtime.decode([DecodeChunk(0, prompt, 0, 0)])
+    reference = one_token_steps(runtime, 0, probe, len(prompt))
+    runtime.free(0)
+    # Pieces of 13, 100, 167 rows; the second sequence verifies 11 rows in the same calls.
+    other = check_tokens(runtime, 60)[::-1]
+    runtime.decode([DecodeChunk(1, other[:49], 0, 0)])
+    lo = 0
+    for size in (13, 100, 167):
+        runtime.decode([DecodeChunk(0, prompt[lo : lo + size], lo, 0), DecodeChunk(1, other[49:], 49, 11)])
+        runtime.truncate(1, 49)
+        lo += size
+    both = runtime.decode(
+        [DecodeChunk(0, probe, len(prompt), len(probe)), DecodeChunk(1, other[49:], 49, 11)]
+    )
+    assert np.array_equal(both[0], reference)
+
+
+def test_self_check_passes_on_the_patched_build(open_runtime: OpenRuntime) -> None:
+    runtime = open_runtime()
+    result = check_batch_invariance(runtime)
+    assert result.ok and result.rows == invariance.CHECK_ROWS and result.max_abs_diff == 0.0
+    assert "bit for bit" in runtime.info.exactness_note
+    assert runtime.info.max_verify_tokens > MAX_ROWS
+
+
+def test_a_model_the_patch_does_not_cover_falls_back_to_capped(
+    open_runtime: OpenRuntime, tmp_path: Path
+) -> None:
+    """Q5_K has no batch-invariant pair of kernels (vec_dot below 8 rows, tiled from 8): the self-check
+    must see it and exact mode must fall back to calls of at most 7 rows without repacking."""
+    q5 = tiny_kquant_model(tmp_path, "Q5_K_M")
+    assert "Q5_K" in tensor_types(q5).values()
+    runtime = open_runtime(q5)
+    assert runtime.info.exactness == "capped"
+    assert "self-check failed" in runtime.info.exactness_note and "differs" in runtime.info.exactness_note
+    assert runtime.info.max_verify_tokens == EXACT_MAX_ROWS
+
+
+def test_a_stock_build_runs_capped_without_checking(
+    open_runtime: OpenRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(llama_cpp, "build_is_batch_invariant", lambda: False)
+    monkeypatch.setattr(llama_cpp, "check_batch_invariance", lambda *a: pytest.fail("checked a stock build"))
+    runtime = open_runtime()
+    assert (runtime.info.exactness, runtime.info.max_verify_tokens) == ("capped", EXACT_MAX_ROWS)
+    assert "lacks the batch-invariant patch" in runtime.info.exactness_note
+
+
+def test_fast_mode_skips_the_check(open_runtime: OpenRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(llama_cpp, "check_batch_invariance", lambda *a: pytest.fail("checked fast mode"))
+    runtime = open_runtime(exact=False)
+    assert (runtime.info.exact, runtime.info.exactness) == (False, "off")
+
+
+def test_result_describes_the_mismatch() -> None:
+    bad = InvarianceResult(rows=16, max_abs_diff=0.37, first_mismatch=4)
+    assert not bad.ok and "row 4 of a 16-row batch" in bad.describe() and "0.37" in bad.describe()
