@@ -67,6 +67,13 @@ def add_subcommands(sub: Any) -> None:
     engine.add_argument(
         "--exact-cost", action="store_true", help="Only measure exact vs fast mode decode cost (interleaved)."
     )
+    engine.add_argument(
+        "--vs-llama-bench",
+        default=None,
+        metavar="PATH",
+        help="Only compare plain decoding (pp, tg) with this llama-bench binary, rounds interleaved "
+        "(--repeats rounds).",
+    )
     engine.add_argument("--config", default=None)
     add_arguments(bench, BENCH_SETTINGS)
     bench.set_defaults(handler=_bench)

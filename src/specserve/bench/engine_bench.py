@@ -111,11 +111,13 @@ def run_engine_bench(
 ) -> EngineBenchResult:
     """Run every prompt in every mode, modes back to back per prompt; ``repeats`` rounds, the mode order
     reversed every other round so that a mode's place in the sequence does not bias it."""
-    target = open_runtime(_resolve(settings, settings.target), settings, 1)
+    target = open_runtime(resolve_model(settings, settings.target), settings, 1)
     costs = CostModel(calibrate(target, 0))
     draft_runtime = None
     if any("draft-model" in MODES[m].drafters for m in modes) and settings.draft_path_or_none:
-        draft_runtime = open_runtime(_resolve(settings, settings.draft_path_or_none), settings, 1)
+        draft_runtime = open_runtime(
+            resolve_model(settings, settings.draft_path_or_none), settings, 1, self_check=False
+        )
         costs.draft = calibrate(draft_runtime, 0)
     context = DrafterContext(draft_runtime, settings.ngram_min_n, settings.draft_p_min)
     drafters: dict[str, Drafter] = {"ngram": build_drafter("ngram", context)}
@@ -173,7 +175,7 @@ def run_engine_bench(
     return result
 
 
-def _resolve(settings: Settings, name: str) -> str:
+def resolve_model(settings: Settings, name: str) -> str:
     from specserve.models import ModelStore
 
     store = ModelStore(Path(settings.model_dir) if settings.model_dir else None)
@@ -195,18 +197,19 @@ def _settings_summary(settings: Settings) -> dict[str, Any]:
 
 
 def measure_exact_cost(
-    settings: Settings, sizes: tuple[int, ...] = (1, 2, 4, 8, 16), repeats: int = 10
+    settings: Settings, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32), repeats: int = 10
 ) -> dict[str, Any]:
-    """Median decode time of the target in exact mode vs repacked weights, interleaved call by call."""
+    """Median decode time of the target, exact vs fast mode (``--no-exact``), interleaved call by call."""
     import statistics
 
     from specserve.backends.base import DecodeChunk
 
-    path = _resolve(settings, settings.target)
+    path = resolve_model(settings, settings.target)
     runtimes = {
         "exact": open_runtime(path, dataclasses.replace(settings, exact=True), 1),
         "fast": open_runtime(path, dataclasses.replace(settings, exact=False), 1),
     }
+    exactness = runtimes["exact"].info.exactness
     try:
         context = runtimes["exact"].tokenize("def example(values):\n    return [v * 2 for v in values]\n" * 4)
         for runtime in runtimes.values():
@@ -222,10 +225,11 @@ def measure_exact_cost(
     finally:
         for runtime in runtimes.values():
             runtime.close()
-    return {
+    calls = {
         str(n): {
             "exact_ms": round(statistics.median(times[("exact", n)]) * 1000, 2),
             "fast_ms": round(statistics.median(times[("fast", n)]) * 1000, 2),
         }
         for n in sizes
     }
+    return {"exactness": exactness, "calls": calls}

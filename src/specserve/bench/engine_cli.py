@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
-from specserve.bench.engine_bench import MODES, builtin_prompts, measure_exact_cost, run_engine_bench
+from specserve.bench.engine_bench import (
+    MODES,
+    builtin_prompts,
+    measure_exact_cost,
+    resolve_model,
+    run_engine_bench,
+)
 from specserve.bench.engine_report import render_exact_cost, render_markdown
 from specserve.bench.workloads import BenchInputError, read_jsonl
 from specserve.config import Settings
@@ -16,6 +23,20 @@ from specserve.config import Settings
 def bench_in_process(args: argparse.Namespace, settings: Settings, command: str) -> int:
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if args.vs_llama_bench:
+        from specserve.bench.llama_peer import compare_with_llama_bench, render_llama_peer
+
+        data = compare_with_llama_bench(
+            resolve_model(settings, settings.target),
+            Path(args.vs_llama_bench),
+            threads=settings.threads or os.cpu_count() or 1,
+            rounds=max(args.repeats, 1),
+            progress=lambda m: print(m, file=sys.stderr),
+        )
+        (out / "llama_bench.json").write_text(json.dumps(data, indent=2))
+        (out / "llama_bench.md").write_text(render_llama_peer(data, command))
+        print(render_llama_peer(data, command))
+        return 0
     if args.exact_cost:
         cost = measure_exact_cost(settings)
         (out / "exact_cost.json").write_text(json.dumps(cost, indent=2))

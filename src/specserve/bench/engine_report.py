@@ -111,19 +111,19 @@ def render_markdown(data: dict[str, Any], command: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def render_exact_cost(data: dict[str, dict[str, float]], command: str) -> str:
+def render_exact_cost(data: dict[str, Any], command: str) -> str:
     out = [
         "## Exact mode cost",
         "",
         f"Command: `{command}`",
         "",
-        "Median ms per target decode call, exact mode (no repacking, no flash attention) vs fast mode "
-        "(`--no-exact`), interleaved call by call in one process:",
+        f"Median ms per target decode call, exact mode (`{data['exactness']}`: flash attention off) vs fast "
+        "mode (`--no-exact`), interleaved call by call in one process:",
         "",
         "| tokens in the call | exact ms | fast ms | exact / fast |",
         "|---|---|---|---|",
     ]
-    for n, row in data.items():
+    for n, row in data["calls"].items():
         out.append(
             f"| {n} | {row['exact_ms']:.1f} | {row['fast_ms']:.1f} | {row['exact_ms'] / row['fast_ms']:.2f} |"
         )

@@ -21,7 +21,7 @@ from specserve.config import Settings
 from specserve.drafters.base import Drafter
 from specserve.drafters.length_policy import DraftLengthPolicy, FixedLengthPolicy
 from specserve.drafters.registry import DrafterContext, build_drafter
-from specserve.engine.builder import open_runtime
+from specserve.engine.builder import calibration_key, open_runtime
 from specserve.engine.cost_model import CostModel, cached_calibration
 from specserve.engine.engine import EngineOptions, SpeculativeEngine
 from specserve.engine.sequence import Sequence
@@ -85,18 +85,13 @@ def load_models(settings: Settings, with_draft: bool = True) -> Iterator[Models]
     try:
         target = open_runtime(str(target_path), settings, 1)
         runtimes.append(target)
-        key = {
-            "threads": target.info.n_threads,
-            "exact": settings.exact,
-            "gpu_layers": settings.gpu_layers,
-            "context": target.info.context_per_sequence,
-        }  # as build_engine keys it, so both share the cache
+        key = calibration_key(settings, target)  # as build_engine keys it, so both share the cache
         costs = CostModel(cached_calibration(target, 0, calib_dir, key))
         draft_runtime = None
         if with_draft and settings.draft_path_or_none:
             draft_path = store.resolve(settings.draft_path_or_none)
             check_draft_compatible(read_vocab(target_path), read_vocab(draft_path))
-            draft_runtime = open_runtime(str(draft_path), settings, 1)
+            draft_runtime = open_runtime(str(draft_path), settings, 1, self_check=False)
             runtimes.append(draft_runtime)
             costs.draft = cached_calibration(draft_runtime, 0, calib_dir, key)
         context = DrafterContext(draft_runtime, settings.ngram_min_n, settings.draft_p_min)

@@ -86,13 +86,7 @@ def build_engine(settings: Settings, calibrate_costs: bool = True) -> tuple[Spec
             f"exact mode capped at {target.info.max_verify_tokens}-row calls: {report.exactness_note}"
         )
     calib_dir = store.cache_dir / "calibration" if settings.calibration_cache else None
-    key = {
-        "threads": target.info.n_threads,
-        "exact": settings.exact,
-        "exactness": target.info.exactness,
-        "gpu_layers": settings.gpu_layers,
-        "context": target.info.context_per_sequence,
-    }
+    key = calibration_key(settings, target)
 
     def measure(runtime: ModelRuntime) -> StepCostTable:
         return cached_calibration(runtime, 0, calib_dir, key) if calibrate_costs else _flat_costs()
@@ -180,6 +174,17 @@ def _load_draft(
     draft_runtime.close()
     costs.draft, report.draft_path = None, None
     return None
+
+
+def calibration_key(settings: Settings, target: ModelRuntime) -> dict[str, object]:
+    """What a cached cost calibration depends on besides the model file (see ``cached_calibration``)."""
+    return {
+        "threads": target.info.n_threads,
+        "exact": settings.exact,
+        "exactness": target.info.exactness,
+        "gpu_layers": settings.gpu_layers,
+        "context": target.info.context_per_sequence,
+    }
 
 
 def exact_rows(target: ModelRuntime) -> int | None:
