@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
 # Reproduce docs/BENCHMARKS.md's numbers on the default pair (run on an otherwise idle machine: llama.cpp's
 # threads lose most of their speed when another process holds a core). Writes docs/bench/<name>/.
-# Optional: LLAMA_SERVER=/path/to/llama-server adds llama.cpp's own speculative decoding as a peer.
+# The peers are llama.cpp's own llama-bench and llama-server, built unpatched from the same sources with
+# llama.cpp's default flags by scripts/build-stock-llama.sh (STOCK_LLAMA_BIN=dir to use other binaries).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 S=.venv/bin/specserve
 OUT=${OUT:-docs/bench}
 PORT=${PORT:-8123}
 PEER_PORT=${PEER_PORT:-8124}
+STOCK=${STOCK_LLAMA_BIN:-$(PYTHON=.venv/bin/python scripts/build-stock-llama.sh)}
+LLAMA_SERVER=${LLAMA_SERVER:-$STOCK/llama-server}
 
 $S models pull
 
 # 1. Exact mode cost: target decode calls, exact vs --no-exact, interleaved.
 $S bench --in-process --exact-cost --output-dir "$OUT/exact-cost"
+
+# 1b. Plain decoding (prompt processing and one-token steps) against llama.cpp's llama-bench, 5 rounds,
+#     every side a fresh process.
+$S bench --in-process --vs-llama-bench "$STOCK/llama-bench" --repeats 5 --output-dir "$OUT/llama-bench"
 
 # 2. Engine, exact mode (the default): plain vs n-gram (fixed k) vs draft model (fixed k) vs the default policy.
 $S bench --in-process --output-dir "$OUT/engine-exact" --max-tokens 128
@@ -24,7 +31,7 @@ $S bench --in-process --modes plain,auto --repeats 2 --output-dir "$OUT/engine-a
 $S bench --in-process --no-exact --modes plain,ngram,auto --output-dir "$OUT/engine-fast" --max-tokens 128
 
 # 3b. evaluate: acceptance per drafter and draft length per built-in workload, expected speed-up, advice.
-$S evaluate --limit 1 --draft-lengths 2,4,6 --max-tokens 64 --output-dir "$OUT/evaluate"
+$S evaluate --limit 1 --draft-lengths 2,4,8,16 --max-tokens 64 --output-dir "$OUT/evaluate"
 
 # 3c. verify: greedy equality and a sampled distribution check with the draft model drafting every step.
 $S verify --in-process --limit 1 --max-tokens 48 --seeds 20 --drafter draft-model --num-draft-tokens 6 \

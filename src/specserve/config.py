@@ -44,8 +44,9 @@ class Settings:
     gpu_layers: int = _setting(0, "Layers to offload to a GPU (needs a GPU build of llama-cpp-python).")
     exact: bool = _setting(
         True,
-        "Exact mode: batch-invariant kernels, so greedy speculative output equals plain greedy output "
-        "token for token (no weight repacking, no flash attention).",
+        "Exact mode: batch-invariant kernels (patched llama.cpp, proved at load), so greedy speculative "
+        "output equals plain greedy output token for token; no flash attention. Without the patch: "
+        "no weight repacking and verify calls of at most 7 rows (docs/EXACTNESS.md).",
     )
     # -- speculation
     drafter: DrafterChoice = _setting(

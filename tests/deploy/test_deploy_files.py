@@ -538,7 +538,11 @@ def test_dockerfile_builds_portable_llama_cpp() -> None:
     assert cmake, "the builder sets SPECSERVE_LLAMA_CMAKE_ARGS (the build host is not the run host)"
     flags = set(cmake[0].partition("=")[2].strip('"').split())
     assert {"-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON", "-DGGML_AMX_TILE=OFF", "-DGGML_AVX512=OFF"} <= flags
-    assert "-DGGML_LLAMAFILE=OFF" in (ROOT / "scripts" / "build-llama-cpp.sh").read_text()
+    script = (ROOT / "scripts" / "build-llama-cpp.sh").read_text()
+    assert "-DGGML_LLAMAFILE=OFF" in script and "-DGGML_CPU_BATCH_INVARIANT=ON" in script
+    # The build applies the batch-invariant patch, so the image must have it before that RUN.
+    copied = [i.args for i in builder if i.keyword == "COPY"]
+    assert any("patches/llama.cpp-batch-invariant.patch" in args for args in copied)
 
 
 def dockerignore_patterns() -> list[tuple[bool, str]]:

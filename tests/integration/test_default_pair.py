@@ -42,12 +42,19 @@ def engine() -> Iterator[SpeculativeEngine]:
     built.close()
 
 
-def _generate(engine: SpeculativeEngine, prompt: str, drafter: str, params: SamplingParams) -> list[int]:
+def _generate(
+    engine: SpeculativeEngine,
+    prompt: str,
+    drafter: str,
+    params: SamplingParams,
+    num_draft_tokens: int | None = None,
+) -> list[int]:
     from specserve.chat import render_chat
 
     text = render_chat(engine.target, [{"role": "user", "content": prompt}])
     ids = engine.target.tokenize(text, parse_special=True)
-    seq = engine.add_request(f"{drafter}-{hash(prompt)}", ids, params, SpeculationOptions(drafter=drafter))
+    options = SpeculationOptions(drafter=drafter, num_draft_tokens=num_draft_tokens)
+    seq = engine.add_request(f"{drafter}-{num_draft_tokens}-{hash(prompt)}", ids, params, options)
     while engine.has_work():
         engine.step()
     if drafter != "none":
@@ -64,6 +71,9 @@ def test_exact_mode_speculative_equals_plain(engine: SpeculativeEngine, prompt: 
     plain = _generate(engine, prompt, "none", params)
     assert _generate(engine, prompt, "draft-model", params) == plain
     assert _generate(engine, prompt, "ngram", params) == plain
+    # Verify passes of up to 17 rows: past ggml's 8-row kernel switch and the 7-row cap exact mode needed
+    # before the batch-invariant patch.
+    assert _generate(engine, prompt, "ngram", params, num_draft_tokens=16) == plain
 
 
 def test_draft_model_is_accepted(engine: SpeculativeEngine) -> None:
@@ -78,7 +88,7 @@ def test_sampled_generation_is_seeded(engine: SpeculativeEngine) -> None:
 
 
 def test_concurrent_requests_match_solo_runs(engine: SpeculativeEngine) -> None:
-    """Two requests batched together (exact mode packs their rows under the kernel switch) = alone."""
+    """Two requests batched together (their verify rows share one call) give what each gives alone."""
     from specserve.chat import render_chat
 
     params = SamplingParams(max_tokens=24)
