@@ -41,7 +41,7 @@ if [[ -z "$wheel" ]]; then
   "$PY" -m pip download --quiet --no-deps --no-binary llama-cpp-python -d "$work" "llama-cpp-python==$VERSION" >&2
   tar xzf "$work"/llama_cpp_python-"$VERSION".tar.gz -C "$work"
   src="$work/llama_cpp_python-$VERSION"
-  if ! patch --batch --forward --silent -p1 -d "$src/vendor/llama.cpp" <"$PATCH" >&2; then
+  if ! patch --batch --forward --fuzz=0 --silent -p1 -d "$src/vendor/llama.cpp" <"$PATCH" >&2; then
     echo "error: $PATCH does not apply to llama-cpp-python $VERSION; refusing to build an unpatched" \
          "wheel (exact mode would trust it). Update the patch for this version." >&2
     exit 1

@@ -65,7 +65,10 @@ def add_subcommands(sub: Any) -> None:
         help="Rounds over the prompts (mode order reversed every other round).",
     )
     engine.add_argument(
-        "--exact-cost", action="store_true", help="Only measure exact vs fast mode decode cost (interleaved)."
+        "--exact-cost",
+        action="store_true",
+        help="Only measure exact vs fast mode decode cost per call size (each mode a fresh process per "
+        "round; --repeats rounds, at least 3).",
     )
     engine.add_argument(
         "--vs-llama-bench",

@@ -11,7 +11,6 @@ from pathlib import Path
 from specserve.bench.engine_bench import (
     MODES,
     builtin_prompts,
-    measure_exact_cost,
     resolve_model,
     run_engine_bench,
 )
@@ -38,7 +37,12 @@ def bench_in_process(args: argparse.Namespace, settings: Settings, command: str)
         print(render_llama_peer(data, command))
         return 0
     if args.exact_cost:
-        cost = measure_exact_cost(settings)
+        from specserve.bench.call_cost import measure_exact_cost
+
+        threads = settings.threads or os.cpu_count() or 1
+        cost = measure_exact_cost(
+            resolve_model(settings, settings.target), threads, rounds=max(args.repeats, 3)
+        )
         (out / "exact_cost.json").write_text(json.dumps(cost, indent=2))
         (out / "exact_cost.md").write_text(render_exact_cost(cost, command))
         print(render_exact_cost(cost, command))
