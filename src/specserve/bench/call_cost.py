@@ -1,20 +1,19 @@
 """What exact mode costs: target decode time per call size, exact vs fast mode (``--no-exact``).
 
-Each mode runs in a fresh process per round, the order alternating round by round, and the report gives the
-median over rounds of each process's median. Why not both modes in one process, call by call: in a process
-that already holds a model, the model loaded first decodes measurably slower (~10 % per one-token step on
-this project's VM) than one loaded after it, whichever mode it runs — an artifact that would be charged to
-whichever mode loads first.
+Each mode runs in a fresh process per round (see :mod:`specserve.bench.fresh_process` for why not both in
+one), the order alternating round by round, and the report gives the median over rounds of each process's
+median.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
+
+from specserve.bench.fresh_process import run_json_module
 
 SIZES = (1, 2, 4, 8, 16, 32)
 
@@ -60,17 +59,7 @@ def measure_exact_cost(
                 ",".join(map(str, sizes)),
                 str(repeats),
             ]
-            done = subprocess.run(
-                [sys.executable, "-m", "specserve.bench.call_cost", *args],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            if done.returncode != 0:
-                raise RuntimeError(
-                    f"{mode} side failed (exit {done.returncode}): {done.stderr.strip()[-300:]}"
-                )
-            result = json.loads(done.stdout.strip().splitlines()[-1])
+            result = run_json_module("specserve.bench.call_cost", args)
             per_mode[mode].append(result["ms"])
             if mode == "exact":
                 exactness = result["exactness"]

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from specserve.backends.base import DecodeChunk, ModelRuntime
+from specserve.bench.fresh_process import run_json_module
 from specserve.drafters.length_policy import FixedLengthPolicy
 from specserve.engine.cost_model import CostModel, StepCostTable
 from specserve.engine.engine import EngineOptions, SpeculativeEngine
@@ -106,20 +107,9 @@ def measure_side(
 def _side_in_subprocess(
     model_path: str, exact: bool, threads: int, n_prompt: int, n_gen: int, seed: int
 ) -> dict[str, Any]:
-    """``measure_side`` in a fresh process, as llama-bench runs in one: in a process that already holds
-    a model, the model loaded first decodes measurably slower than one loaded later, so sides sharing a
-    process would not be compared on equal terms."""
+    """``measure_side`` in a fresh process, as llama-bench runs in one (see ``fresh_process``)."""
     args = [model_path, str(int(exact)), str(threads), str(n_prompt), str(n_gen), str(seed)]
-    done = subprocess.run(
-        [sys.executable, "-m", "specserve.bench.llama_peer", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"specserve side failed (exit {done.returncode}): {done.stderr.strip()[-300:]}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    return run_json_module("specserve.bench.llama_peer", args)
 
 
 def compare_with_llama_bench(
