@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from specserve.backends.base import DecodeChunk
 from specserve.backends.llama_cpp import LlamaCppRuntime
-from specserve.engine.cost_model import CALIBRATION_SIZES, CostModel, StepCostTable, calibrate
+from specserve.engine import cost_model
+from specserve.engine.cost_model import (
+    CALIBRATION_SIZES,
+    CostModel,
+    StepCostTable,
+    cached_calibration,
+    calibrate,
+    probe_one_token,
+)
 from specserve.testing.tiny_models import TinyModels
 
 # -- from_samples ---------------------------------------------------------------------------------
@@ -153,3 +163,38 @@ def test_calibrate_stops_at_sizes_the_context_cannot_hold(tiny_models: TinyModel
         assert rows.shape == (1, rt.info.vocab_size)
     finally:
         rt.close()
+
+
+# -- cached_calibration ---------------------------------------------------------------------------
+
+
+def test_a_cached_table_the_probe_contradicts_is_measured_again(
+    runtime: LlamaCppRuntime, tmp_path: Path
+) -> None:
+    """A table cached while other processes held the cores (here: 1000x too slow) is not reused."""
+    first = cached_calibration(runtime, 1, tmp_path, {"threads": 1})
+    (file,) = tmp_path.iterdir()
+    data = json.loads(file.read_text())
+    data["seconds"] = [s * 1000 for s in data["seconds"]]
+    file.write_text(json.dumps(data))
+    again = cached_calibration(runtime, 1, tmp_path, {"threads": 1})
+    assert again(1) < first(1) * 100  # re-measured, not the poisoned table
+    assert json.loads(file.read_text())["seconds"][1] == pytest.approx(again(1))  # and the cache mended
+
+
+def test_a_cached_table_the_probe_agrees_with_is_reused(
+    runtime: LlamaCppRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = cached_calibration(runtime, 1, tmp_path, {"threads": 1})
+    monkeypatch.setattr(cost_model, "calibrate", lambda *a, **k: pytest.fail("measured again"))
+    monkeypatch.setattr(cost_model, "probe_one_token", lambda *a: first(1) * 1.5)
+    assert np.array_equal(cached_calibration(runtime, 1, tmp_path, {"threads": 1}).seconds, first.seconds)
+    # The probe ran on the scratch sequence only: the other sequence can still start at position 0.
+    (rows,) = runtime.decode([DecodeChunk(0, [1, 2], 0, 1)])
+    assert rows.shape == (1, runtime.info.vocab_size)
+
+
+def test_probe_leaves_the_scratch_sequence_empty(runtime: LlamaCppRuntime) -> None:
+    assert probe_one_token(runtime, 1) > 0
+    (rows,) = runtime.decode([DecodeChunk(1, [5], 0, 1)])
+    assert rows.shape == (1, runtime.info.vocab_size)

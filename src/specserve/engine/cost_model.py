@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ import numpy as np
 from specserve.backends.base import DecodeChunk, ModelRuntime
 
 CALIBRATION_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+PROBE_TOLERANCE = 2.0
+log = logging.getLogger("specserve.cost_model")
 
 
 @dataclass
@@ -126,11 +129,34 @@ def calibrate(
     return StepCostTable.from_samples(samples, max_tokens=max_tokens)
 
 
+def probe_one_token(runtime: ModelRuntime, scratch_seq: int, context_tokens: int = 16) -> float:
+    """Fastest of three one-token decodes after a short context (the scratch sequence is left empty)."""
+    context = [int(t) for t in np.random.default_rng(0).integers(0, min(runtime.info.vocab_size, 1000), 17)]
+    context_tokens = max(1, min(context_tokens, runtime.info.context_per_sequence - 2))
+    runtime.free(scratch_seq)
+    runtime.decode([DecodeChunk(scratch_seq, context[:context_tokens], 0, 1)])
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        runtime.decode(
+            [DecodeChunk(scratch_seq, context[context_tokens : context_tokens + 1], context_tokens, 1)]
+        )
+        times.append(time.perf_counter() - start)
+        runtime.truncate(scratch_seq, context_tokens)
+    runtime.free(scratch_seq)
+    return min(times)
+
+
 def cached_calibration(
     runtime: ModelRuntime, scratch_seq: int, cache_dir: Path | None, key_parts: Mapping[str, object]
 ) -> StepCostTable:
     """``calibrate`` once per (model file, threads, mode) and reuse it for a day: the CLI starts faster, and
-    the online refinement corrects any drift. ``cache_dir=None`` always measures."""
+    the online refinement corrects any drift. ``cache_dir=None`` always measures.
+
+    A cached table is reused only if a probe (the fastest of three one-token decodes) agrees with its
+    one-token cost within a factor of ``PROBE_TOLERANCE``: a table measured while other processes held the
+    cores would otherwise mislead the policy for a day, and the online refinement ignores observations
+    more than 3x off its table, so it could not correct one that far off."""
     if cache_dir is None:
         return calibrate(runtime, scratch_seq)
     path = Path(runtime.info.path)
@@ -144,8 +170,17 @@ def cached_calibration(
     try:
         data = json.loads(file.read_text())
         if time.time() - data["created"] < 86400:
-            return StepCostTable(np.array(data["seconds"], dtype=np.float64))
-    except (OSError, ValueError, KeyError):
+            cached = StepCostTable(np.array(data["seconds"], dtype=np.float64))
+            probe = probe_one_token(runtime, scratch_seq)
+            if 1 / PROBE_TOLERANCE <= probe / cached(1) <= PROBE_TOLERANCE:
+                return cached
+            log.info(
+                "cached calibration disagrees with a probe (one token: %.1f ms cached, %.1f ms now): "
+                "re-measuring",
+                cached(1) * 1000,
+                probe * 1000,
+            )
+    except (OSError, ValueError, KeyError, ZeroDivisionError):
         pass
     table = calibrate(runtime, scratch_seq)
     try:
