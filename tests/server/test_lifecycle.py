@@ -71,9 +71,11 @@ def test_health_while_loading_then_ready_then_closed(tiny_models: TinyModels) ->
 
         release.set()
         deadline = time.monotonic() + 20
-        while httpx.get(f"{url}/ready").status_code != 200:
+        while (ready := httpx.get(f"{url}/ready")).status_code != 200:
             assert time.monotonic() < deadline, "never became ready"
             time.sleep(0.02)
+        exactness = ready.json()["exactness"]
+        assert exactness["mode"] == "batch-invariant" and "bit for bit" in exactness["check"]
         done = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 2, "temperature": 0})
         assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] == 2
     state: ServerState = app.state.server

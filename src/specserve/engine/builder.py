@@ -33,9 +33,6 @@ class BuildReport:
     notes: list[str] = field(default_factory=list)
     degraded: bool = False
     seconds: float = 0.0
-    exactness: str = "off"
-    """The target's exactness mode (RuntimeInfo.exactness) and why: the load-time self-check's outcome."""
-    exactness_note: str = ""
 
 
 def draft_model_can_pay(costs: CostModel, max_k: int) -> tuple[bool, float]:
@@ -80,10 +77,9 @@ def build_engine(settings: Settings, calibrate_costs: bool = True) -> tuple[Spec
     target_path = store.resolve(settings.target)
     report.target_path = str(target_path)
     target = open_runtime(str(target_path), settings, settings.max_running)
-    report.exactness, report.exactness_note = target.info.exactness, target.info.exactness_note
     if settings.exact and target.info.exactness == "capped":
         report.notes.append(
-            f"exact mode capped at {target.info.max_verify_tokens}-row calls: {report.exactness_note}"
+            f"exact mode capped at {target.info.max_verify_tokens}-row calls: {target.info.exactness_note}"
         )
     calib_dir = store.cache_dir / "calibration" if settings.calibration_cache else None
     key = calibration_key(settings, target)

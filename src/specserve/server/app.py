@@ -182,6 +182,7 @@ async def ready(request: Request) -> JSONResponse:
         return JSONResponse({"status": state.status, "reason": state.reason}, status_code=503)
     report = state.report
     reasons = state.degraded_reasons()
+    target = state.engine.engine.target.info
     return JSONResponse(
         {
             "status": "ready",
@@ -191,7 +192,7 @@ async def ready(request: Request) -> JSONResponse:
             "degraded": bool(reasons),
             "degraded_reasons": reasons,
             "notes": report.notes if report else [],
-            "exactness": {"mode": report.exactness, "check": report.exactness_note} if report else None,
+            "exactness": {"mode": target.exactness, "check": target.exactness_note},
             "load_seconds": round(report.seconds, 3) if report else None,
         }
     )
