@@ -22,30 +22,26 @@ from specserve.config import Settings
 def bench_in_process(args: argparse.Namespace, settings: Settings, command: str) -> int:
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    threads = settings.threads or os.cpu_count() or 1
     if args.vs_llama_bench:
         from specserve.bench.llama_peer import compare_with_llama_bench, render_llama_peer
 
         data = compare_with_llama_bench(
             resolve_model(settings, settings.target),
             Path(args.vs_llama_bench),
-            threads=settings.threads or os.cpu_count() or 1,
+            threads=threads,
             rounds=max(args.repeats, 1),
             progress=lambda m: print(m, file=sys.stderr),
         )
-        (out / "llama_bench.json").write_text(json.dumps(data, indent=2))
-        (out / "llama_bench.md").write_text(render_llama_peer(data, command))
-        print(render_llama_peer(data, command))
+        _write(out, "llama_bench", data, render_llama_peer(data, command))
         return 0
     if args.exact_cost:
         from specserve.bench.call_cost import measure_exact_cost
 
-        threads = settings.threads or os.cpu_count() or 1
         cost = measure_exact_cost(
             resolve_model(settings, settings.target), threads, rounds=max(args.repeats, 3)
         )
-        (out / "exact_cost.json").write_text(json.dumps(cost, indent=2))
-        (out / "exact_cost.md").write_text(render_exact_cost(cost, command))
-        print(render_exact_cost(cost, command))
+        _write(out, "exact_cost", cost, render_exact_cost(cost, command))
         return 0
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
@@ -74,7 +70,12 @@ def bench_in_process(args: argparse.Namespace, settings: Settings, command: str)
         repeats=args.repeats,
     )
     data = result.as_dict()
-    (out / "report.json").write_text(json.dumps(data, indent=2))
-    (out / "report.md").write_text(render_markdown(data, command))
-    print(render_markdown(data, command))
+    _write(out, "report", data, render_markdown(data, command))
     return 0
+
+
+def _write(out: Path, stem: str, data: dict[str, object], markdown: str) -> None:
+    """``<stem>.json`` and ``<stem>.md`` in ``out``, and the Markdown on stdout."""
+    (out / f"{stem}.json").write_text(json.dumps(data, indent=2))
+    (out / f"{stem}.md").write_text(markdown)
+    print(markdown)
