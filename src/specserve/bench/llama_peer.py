@@ -31,7 +31,8 @@ import numpy as np
 from specserve.backends.base import DecodeChunk, ModelRuntime
 from specserve.bench.fresh_process import run_json_module
 from specserve.drafters.length_policy import FixedLengthPolicy
-from specserve.engine.cost_model import CostModel, StepCostTable
+from specserve.engine.builder import flat_costs
+from specserve.engine.cost_model import CostModel
 from specserve.engine.engine import EngineOptions, SpeculativeEngine
 from specserve.request import SamplingParams
 
@@ -71,7 +72,7 @@ def runtime_tests(runtime: ModelRuntime, n_prompt: int, n_gen: int, seed: int) -
 
 def engine_tg(runtime: ModelRuntime, n_gen: int) -> float:
     """Tokens/s of plain greedy generation through the engine, after the first token (one-token prompt)."""
-    costs = CostModel(StepCostTable.from_samples({1: 1.0, 64: 64.0}))
+    costs = CostModel(flat_costs())  # plain decoding consults no costs
     options = EngineOptions((), 0, speculation_enabled=False)
     engine = SpeculativeEngine(runtime, {}, FixedLengthPolicy(), costs, options)
     seq = engine.add_request("peer-0", runtime.tokenize("def", add_special=False)[:1], _greedy(n_gen))

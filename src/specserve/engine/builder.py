@@ -85,7 +85,7 @@ def build_engine(settings: Settings, calibrate_costs: bool = True) -> tuple[Spec
     key = calibration_key(settings, target)
 
     def measure(runtime: ModelRuntime) -> StepCostTable:
-        return cached_calibration(runtime, 0, calib_dir, key) if calibrate_costs else _flat_costs()
+        return cached_calibration(runtime, 0, calib_dir, key) if calibrate_costs else flat_costs()
 
     costs = CostModel(measure(target))
 
@@ -189,6 +189,7 @@ def exact_rows(target: ModelRuntime) -> int | None:
     return target.info.max_verify_tokens if target.info.exactness == "capped" else None
 
 
-def _flat_costs() -> StepCostTable:
-    """Uncalibrated costs (tests): every extra token costs as much as the first (GPU-like optimism off)."""
+def flat_costs() -> StepCostTable:
+    """Uncalibrated costs (tests, plain-only runs): every extra token costs as much as the first
+    (GPU-like optimism off)."""
     return StepCostTable.from_samples({1: 1.0, 64: 64.0})

@@ -129,22 +129,10 @@ def calibrate(
     return StepCostTable.from_samples(samples, max_tokens=max_tokens)
 
 
-def probe_one_token(runtime: ModelRuntime, scratch_seq: int, context_tokens: int = 16) -> float:
-    """Fastest of three one-token decodes after a short context (the scratch sequence is left empty)."""
-    context = [int(t) for t in np.random.default_rng(0).integers(0, min(runtime.info.vocab_size, 1000), 17)]
-    context_tokens = max(1, min(context_tokens, runtime.info.context_per_sequence - 2))
-    runtime.free(scratch_seq)
-    runtime.decode([DecodeChunk(scratch_seq, context[:context_tokens], 0, 1)])
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        runtime.decode(
-            [DecodeChunk(scratch_seq, context[context_tokens : context_tokens + 1], context_tokens, 1)]
-        )
-        times.append(time.perf_counter() - start)
-        runtime.truncate(scratch_seq, context_tokens)
-    runtime.free(scratch_seq)
-    return min(times)
+def probe_one_token(runtime: ModelRuntime, scratch_seq: int) -> float:
+    """Seconds of a one-token decode, measured as ``calibrate`` measures it (fastest of three; the scratch
+    sequence is left empty)."""
+    return calibrate(runtime, scratch_seq, sizes=(1,), repeats=3)(1)
 
 
 def cached_calibration(
