@@ -1,9 +1,9 @@
 """Run one side of a benchmark in a fresh Python process and read back its JSON result.
 
-Why: in a process that already holds a model, the model loaded first decodes measurably slower (~10 % per
-one-token step on this project's VM) than one loaded after it, whatever its settings. Benchmarks that
-compare two configurations of the same model (exact vs fast mode, specserve vs llama-bench) therefore give
-every side a process of its own, as llama-bench itself runs in one.
+Why: in a process that already holds a model, the model loaded first decoded measurably slower (~10 % per
+one-token step on this project's VM, in ad-hoc runs) than one loaded after it, whatever its settings.
+Benchmarks that compare two configurations of the same model (exact vs fast mode, specserve vs llama-bench)
+therefore give every side a process of its own, as llama-bench itself runs in one.
 """
 
 from __future__ import annotations
