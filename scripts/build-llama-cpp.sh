@@ -8,8 +8,10 @@
 #    would get alone and exact mode can keep weight repacking and any verify size. The patch must
 #    apply: an unpatched wheel that exact mode would trust is never built.
 #  * -DGGML_LLAMAFILE=OFF: llamafile's sgemm also switches kernels by batch size.
-#  * GGML_NATIVE=OFF with the CPU's own features listed explicitly, minus AMX: some VMs advertise AMX but
-#    fault on its instructions (seen here: "Illegal instruction" on the first decode with weight repacking).
+#  * llama.cpp's default GGML_NATIVE=ON (-march=native, as a user's own build of llama.cpp has), plus
+#    -mno-amx-* where the CPU advertises AMX: some VMs advertise it but fault on its instructions (seen
+#    here: SIGSEGV in ggml_backend_amx_mul_mat on the first prompt batch). The cache key includes the
+#    CPU's model and flags, since a native wheel runs only on the CPU kind that built it.
 #  * GPU: set SPECSERVE_LLAMA_CMAKE_ARGS="-DGGML_CUDA=ON" (see README) to build for CUDA instead.
 set -euo pipefail
 VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
@@ -22,16 +24,14 @@ args="$args -DLLAMA_BUILD_TOOLS=OFF"
 if [[ -n "${SPECSERVE_LLAMA_CMAKE_ARGS:-}" ]]; then
   args="$args $SPECSERVE_LLAMA_CMAKE_ARGS"
 elif [[ "$(uname -m)" == "x86_64" ]]; then
-  flags=$(grep -m1 '^flags' /proc/cpuinfo || true)
-  args="$args -DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
-  for pair in sse4_2:SSE42 avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2 avx_vnni:AVX_VNNI \
-              avx512f:AVX512 avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
-    flag=${pair%%:*}; opt=${pair##*:}
-    if grep -qw "$flag" <<<"$flags"; then args="$args -DGGML_$opt=ON"; else args="$args -DGGML_$opt=OFF"; fi
-  done
+  if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
+    args="$args -DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'"
+    args="$args -DCMAKE_CXX_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'"
+  fi
 fi
+cpu=$(grep -m2 -E '^(model name|flags)' /proc/cpuinfo 2>/dev/null | sha256sum | cut -c1-16 || true)
 patch_hash=$(sha256sum "$PATCH" | cut -c1-16)
-key=$(printf '%s %s %s' "$VERSION" "$args" "$patch_hash" | sha256sum | cut -c1-12)
+key=$(printf '%s %s %s %s' "$VERSION" "$args" "$patch_hash" "$cpu" | sha256sum | cut -c1-12)
 dest="$CACHE/$key"
 wheel=$(ls "$dest"/llama_cpp_python-"$VERSION"-*.whl 2>/dev/null | head -n1 || true)
 if [[ -z "$wheel" ]]; then

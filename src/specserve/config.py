@@ -45,7 +45,7 @@ class Settings:
     exact: bool = _setting(
         True,
         "Exact mode: batch-invariant kernels (patched llama.cpp, proved at load), so greedy speculative "
-        "output equals plain greedy output token for token; no flash attention. Without the patch: "
+        "output equals plain greedy output token for token. Without the patch: no flash attention, "
         "no weight repacking and verify calls of at most 7 rows (docs/EXACTNESS.md).",
     )
     # -- speculation
@@ -69,6 +69,14 @@ class Settings:
     # -- batching
     max_running: int = _setting(4, "Maximum sequences decoded together.", "--max-running")
     prefill_chunk: int = _setting(256, "Prompt tokens evaluated per engine step (chunked prefill).")
+    prefix_cache: bool = _setting(
+        True,
+        "Automatic prefix caching: a request reuses the KV of the longest prompt prefix an earlier request "
+        "computed (same cache salt), kept in its slot, copied from another, or loaded from host RAM.",
+    )
+    prefix_cache_ram: int = _setting(
+        1024, "Host-RAM tier of the prefix cache, MiB (KV of slots about to be overwritten; 0 = off)."
+    )
 
     # -- server
     host: str = _setting("127.0.0.1", "Address the HTTP server binds to.")
@@ -118,7 +126,12 @@ class Settings:
             positive(name)
         if not 0 < self.port < 65536:
             raise SettingsError(f"port must be in 1..65535, got {self.port}")
-        for name in ("request_timeout", "shutdown_grace_seconds", "rate_limit_per_minute"):
+        for name in (
+            "request_timeout",
+            "shutdown_grace_seconds",
+            "rate_limit_per_minute",
+            "prefix_cache_ram",
+        ):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.num_draft_tokens <= 64:

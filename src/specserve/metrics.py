@@ -16,7 +16,9 @@ acceptance length = 1 + num_accepted_tokens / num_drafts; acceptance rate = acce
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
+from functools import partial
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -31,6 +33,7 @@ from prometheus_client import (
 
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine import RequestOutput
+from specserve.engine.prefix_cache import PrefixCacheStats
 from specserve.engine.sequence import Sequence
 from specserve.engine.stats import EngineStats
 
@@ -85,6 +88,15 @@ class Metrics:
             "drafter_failures", "Drafter calls that raised; their requests continued as plain decoding."
         )
         self.generation_tokens = counter("generation_tokens", "Output tokens generated.")
+        self.prefix_cache_queries = counter(
+            "prefix_cache_queries", "Prompt tokens looked up in the prefix cache (vLLM's name)."
+        )
+        self.prefix_cache_hits = counter(
+            "prefix_cache_hits", "Prompt tokens whose KV came from the prefix cache (vLLM's name)."
+        )
+        self.prefix_cache_drops = counter(
+            "prefix_cache_host_drops", "Host-tier KV blobs dropped: failed checksum or did not load."
+        )
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of requests that reached the engine.")
         self.requests = counter("requests", "Generation requests by outcome.", ("outcome",))
         self.request_success = counter(
@@ -113,6 +125,7 @@ class Metrics:
         self._engine: AsyncEngine | None = None
         self._degraded: Callable[[], bool] = lambda: False
         self._last = EngineStats()  # the engine counters at the previous step (engine thread only)
+        self._last_cache = PrefixCacheStats()
         self._draft_length = 0.0
         gauge(
             "num_requests_running",
@@ -126,6 +139,18 @@ class Metrics:
             "spec_decode_degraded", "1 when a drafter failed to load or was disabled.", self._degraded_value
         )
         gauge("spec_decode_draft_length", "Mean draft length of the latest step that drafted.", self._length)
+        cached_tokens = Gauge(
+            PREFIX + "prefix_cache_tokens",
+            "Tokens of reusable KV held, by tier.",
+            ("tier",),
+            registry=registry,
+        )
+        cached_bytes = Gauge(
+            PREFIX + "prefix_cache_bytes", "Bytes of reusable KV held, by tier.", ("tier",), registry=registry
+        )
+        for tier in ("slot", "host"):
+            cached_tokens.labels(tier).set_function(partial(self._cache_gauge, f"{tier}_tier_tokens"))
+            cached_bytes.labels(tier).set_function(partial(self._cache_gauge, f"{tier}_tier_bytes"))
         ProcessCollector(registry=registry)  # process_resident_memory_bytes, CPU seconds, open fds
 
     def attach(self, engine: AsyncEngine, degraded: Callable[[], bool]) -> None:
@@ -162,6 +187,13 @@ class Metrics:
             self.verify_time.observe(stats.verify_seconds - last.verify_seconds)
         if stats.drafter_failures > last.drafter_failures:
             self.drafter_failures.inc(stats.drafter_failures - last.drafter_failures)
+        cache = self._engine.engine.prefix_cache
+        if cache is not None:
+            cstats, prev = cache.stats, self._last_cache
+            self.prefix_cache_queries.inc(cstats.queries - prev.queries)
+            self.prefix_cache_hits.inc(cstats.hits - prev.hits)
+            self.prefix_cache_drops.inc(cstats.host_drops - prev.host_drops)
+            self._last_cache = dataclasses.replace(cstats)
         self._last = copy.deepcopy(stats)
 
     # -- event loop -------------------------------------------------------------------------------
@@ -199,6 +231,10 @@ class Metrics:
         capacity = engine.target.info.context_per_sequence * engine.scheduler.max_running
         used = sum(seq.num_tokens for seq in list(engine.scheduler.running))
         return min(1.0, used / capacity) if capacity else 0.0
+
+    def _cache_gauge(self, name: str) -> float:
+        cache = self._engine.engine.prefix_cache if self._engine is not None else None
+        return float(getattr(cache, name)()) if cache is not None else 0.0
 
     def _enabled(self) -> float:
         return 1.0 if self._engine is not None and speculation_active(self._engine) else 0.0

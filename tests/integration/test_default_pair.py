@@ -102,3 +102,29 @@ def test_concurrent_requests_match_solo_runs(engine: SpeculativeEngine) -> None:
     while engine.has_work():
         engine.step()
     assert [s.output_ids for s in seqs] == solo
+
+
+def test_prefix_cache_hit_on_the_next_turn_changes_nothing(engine: SpeculativeEngine) -> None:
+    """Turn 2 reuses turn 1's prompt and generated KV, and generates what a cold run (new salt) does."""
+    from specserve.chat import render_chat
+
+    def run(messages: list[dict[str, str]], salt: str, drafter: str) -> tuple[list[int], int, int]:
+        ids = engine.target.tokenize(render_chat(engine.target, messages), parse_special=True)
+        params = SamplingParams(max_tokens=32)
+        seq = engine.add_request(
+            f"turn-{salt}-{drafter}-{len(ids)}", ids, params, SpeculationOptions(drafter=drafter), salt
+        )
+        while engine.has_work():
+            engine.step()
+        return seq.output_ids, seq.cached_tokens, len(ids)
+
+    history = [{"role": "user", "content": PROMPTS[1]}]
+    first, _, first_len = run(history, "multi-turn", "none")
+    history += [
+        {"role": "assistant", "content": engine.target.detokenize(first)},
+        {"role": "user", "content": "Now rename `xs` to `values` as well."},
+    ]
+    cached, hit, _ = run(history, "multi-turn", "ngram")
+    cold, cold_hit, _ = run(history, "cold", "ngram")
+    assert cold_hit == 0 and hit > first_len  # the previous answer's KV was reused too
+    assert cached == cold

@@ -84,3 +84,11 @@ def test_rate_limit_is_a_429_with_retry_after() -> None:
     assert error is not None and error.status == 429 and int(error.headers["Retry-After"]) >= 1
     assert error.body()["error"]["type"] == "rate_limit_error"
     assert control.check("/health", "Bearer k1", "c") is None  # only /v1/* is limited
+
+
+def test_cache_salt_separates_api_keys_and_requests() -> None:
+    keyed = access(api_keys="k1,k2")
+    k1, k2 = keyed.cache_salt("Bearer k1", None), keyed.cache_salt("Bearer k2", None)
+    assert k1 and k2 and k1 != k2 and "k1" not in k1  # a tenant's salt, not its key
+    assert keyed.cache_salt("Bearer k1", "s") not in (k1, keyed.cache_salt("Bearer k2", "s"))
+    assert access().cache_salt(None, None) == "" and access().cache_salt(None, "s") != ""

@@ -84,7 +84,12 @@ def test_chat_stream_with_usage(client: openai.OpenAI) -> None:
     finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
     assert len(finish) == 1 and finish[0].choices[0].finish_reason == "length"
     assert speculative(finish[0]) == speculative(full)
-    assert chunks[-1].choices == [] and chunks[-1].usage == full.usage
+    usage, full_usage = chunks[-1].usage, full.usage
+    assert chunks[-1].choices == [] and usage is not None and full_usage is not None
+    assert (usage.prompt_tokens, usage.completion_tokens) == (full_usage.prompt_tokens, 24)
+    # The same prompt again: its KV (all but the last token, in whole blocks) came from the prefix cache.
+    assert usage.prompt_tokens_details is not None
+    assert usage.prompt_tokens_details.cached_tokens == (usage.prompt_tokens - 1) // 16 * 16 > 0
     assert all(c.usage is None for c in chunks[:-1])
 
 
@@ -156,3 +161,27 @@ def test_unknown_model_and_bad_drafter_raise(client: openai.OpenAI) -> None:
             model=MODEL, prompt="x", max_tokens=1, extra_body={"speculative": {"drafter": "x"}}
         )
     assert "draft-model" in str(drafter.value)
+
+
+def test_prefix_cache_reuse_is_reported_and_isolated_by_salt(
+    server: ServerProcess, client: openai.OpenAI
+) -> None:
+    history: Any = [{"role": "user", "content": PROMPT * 3}]
+    first = client.chat.completions.create(model=MODEL, messages=history, **GREEDY)
+    history += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "And once more, shorter."},
+    ]
+    second = client.chat.completions.create(model=MODEL, messages=history, **GREEDY)
+    salted = client.chat.completions.create(
+        model=MODEL, messages=history, extra_body={"cache_salt": "another-tenant"}, **GREEDY
+    )
+    assert first.usage and second.usage and salted.usage
+    assert second.usage.prompt_tokens_details and salted.usage.prompt_tokens_details
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens // 16 * 16 - 16
+    assert salted.usage.prompt_tokens_details.cached_tokens == 0
+    assert salted.choices[0].message.content == second.choices[0].message.content  # reuse changes nothing
+    metrics = httpx.get(f"{server.url}/metrics").text
+    hits = next(line for line in metrics.splitlines() if line.startswith("specserve:prefix_cache_hits_total"))
+    assert float(hits.split()[-1]) >= second.usage.prompt_tokens_details.cached_tokens
+    assert 'specserve:prefix_cache_tokens{tier="slot"}' in metrics

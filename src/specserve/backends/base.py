@@ -74,6 +74,8 @@ class RuntimeInfo:
     rows are (and longer chunks run alone); ``off``: no promise (fast mode)."""
     exactness_note: str = ""
     """Why this mode: the self-check's outcome, or why it fell back to ``capped``."""
+    kv_bytes_per_token: int = 0
+    """KV cache bytes one token of one sequence takes (an estimate; 0 if unknown)."""
 
 
 class ModelRuntime(ABC):
@@ -119,6 +121,20 @@ class ModelRuntime(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release the model and its cache."""
+
+    # -- KV reuse across requests (the prefix cache); a runtime without it keeps these defaults ----------
+
+    def copy_sequence(self, src: int, dst: int, length: int) -> bool:
+        """Make ``dst`` hold the first ``length`` positions of ``src``'s KV; False if unsupported."""
+        return False
+
+    def save_sequence(self, seq_id: int) -> bytes | None:
+        """A blob of the sequence's whole KV for :meth:`load_sequence`; None if unsupported."""
+        return None
+
+    def load_sequence(self, seq_id: int, blob: bytes) -> int:
+        """Replace the sequence's KV with a saved blob; returns the positions it now holds (0: failed)."""
+        return 0
 
     def detokenize(self, token_ids: Sequence[int]) -> str:
         """Text of a token sequence; invalid UTF-8 (a cut multi-byte character) becomes U+FFFD."""

@@ -16,10 +16,11 @@ K-quants switch from vec_dot to a tiled kernel at 8 rows. Exact mode therefore r
 * ``capped``: where the build lacks the patch or the self-check fails (another weight type, another CPU),
   repacking is off and calls hold at most ``EXACT_MAX_ROWS`` rows, so every K-quant row runs vec_dot.
 
-Both turn off flash attention, which accumulates the softmax in tiles whose shape depends on the number of
-query rows, and llamafile's sgemm (a build option: ``-DGGML_LLAMAFILE=OFF``). Sequences get separate KV
-streams (``kv_unified=False``) so one sequence's cache layout, and hence the order of its attention sums,
-does not depend on which other sequences share the batch.
+Stock ggml's flash attention accumulates the softmax in tiles whose shape depends on the number of query
+rows (and splits the KV across threads for one row): capped mode turns it off, the patch gives it one kernel
+for every batch size. Both need llamafile's sgemm off (a build option: ``-DGGML_LLAMAFILE=OFF``). Sequences
+get separate KV streams (``kv_unified=False``) so one sequence's cache layout, and hence the order of its
+attention sums, does not depend on which other sequences share the batch.
 """
 
 from __future__ import annotations
@@ -80,6 +81,14 @@ def _llama() -> Any:
         llama_cpp.llama_backend_init()
         _BACKEND_READY = True
     return llama_cpp
+
+
+def _kv_bytes_per_token(lib: Any, model: Any) -> int:
+    """K and V rows of every layer in f16 (llama.cpp's default cache type); models whose K and V head sizes
+    differ from n_embd / n_head are estimated."""
+    n_head = max(1, int(lib.llama_model_n_head(model)))
+    head_dim = int(lib.llama_model_n_embd(model)) // n_head
+    return int(lib.llama_model_n_layer(model)) * 2 * int(lib.llama_model_n_head_kv(model)) * head_dim * 2
 
 
 def build_is_batch_invariant() -> bool:
@@ -162,8 +171,9 @@ class LlamaCppRuntime(ModelRuntime):
         cparams.n_threads_batch = threads
         cparams.kv_unified = False
         cparams.no_perf = True
+        # The patch makes flash attention batch-invariant too (its per-row kernel at every batch size).
         cparams.flash_attn_type = (
-            lib.LLAMA_FLASH_ATTN_TYPE_AUTO if exactness == "off" else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            lib.LLAMA_FLASH_ATTN_TYPE_DISABLED if exactness == "capped" else lib.LLAMA_FLASH_ATTN_TYPE_AUTO
         )
         self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
@@ -190,6 +200,7 @@ class LlamaCppRuntime(ModelRuntime):
             max_verify_tokens=EXACT_MAX_ROWS if exactness == "capped" else self._capacity,
             exactness=exactness,
             exactness_note=note,
+            kv_bytes_per_token=_kv_bytes_per_token(lib, self._model),
         )
         self._batch = lib.llama_batch_init(self._capacity, 0, 1)
         self._tokens = np.ctypeslib.as_array(self._batch.token, shape=(self._capacity,))
@@ -320,6 +331,34 @@ class LlamaCppRuntime(ModelRuntime):
 
     def free(self, seq_id: int) -> None:
         self._lib.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
+
+    def copy_sequence(self, src: int, dst: int, length: int) -> bool:
+        # With one KV stream per sequence (kv_unified=False) llama.cpp copies only whole streams (a partial
+        # copy fails an assertion and aborts the process): copy it all, then cut the tail. The data moves at
+        # the start of the next llama_decode, before that batch writes anything.
+        lib = self._lib
+        lib.llama_memory_seq_rm(self._memory, dst, -1, -1)
+        lib.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
+        lib.llama_memory_seq_rm(self._memory, dst, length, -1)
+        return True
+
+    def save_sequence(self, seq_id: int) -> bytes | None:
+        lib = self._lib
+        size = int(lib.llama_state_seq_get_size(self._ctx, seq_id))
+        data = bytearray(size)
+        written = int(
+            lib.llama_state_seq_get_data(self._ctx, (ctypes.c_uint8 * size).from_buffer(data), size, seq_id)
+        )
+        return bytes(memoryview(data)[:written]) if written else None
+
+    def load_sequence(self, seq_id: int, blob: bytes) -> int:
+        lib = self._lib
+        lib.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
+        buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
+        if not lib.llama_state_seq_set_data(self._ctx, buf, len(blob), seq_id):
+            lib.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
+            return 0
+        return int(lib.llama_memory_seq_pos_max(self._memory, seq_id)) + 1
 
     def close(self) -> None:
         if self._closed:

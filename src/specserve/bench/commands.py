@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import shlex
 import sys
 import time
@@ -118,7 +119,9 @@ def add_subcommands(sub: Any) -> None:
 
 def _add_workload_args(parser: Any) -> None:
     parser.add_argument("--workload", nargs="+", action="extend", default=[], help="Workload names.")
-    parser.add_argument("--api-key", default=None, help="Bearer token for the server(s).")
+    parser.add_argument(
+        "--api-key", default=None, help="Bearer token for the server(s) (default: $OPENAI_API_KEY)."
+    )
     parser.add_argument("--model", default=None, help="Model name to request (default: /v1/models' first).")
     parser.add_argument("--timeout", type=float, default=600.0, help="Seconds per request.")
 
@@ -162,6 +165,12 @@ def _bench(args: argparse.Namespace) -> int:
         from specserve.bench.engine_cli import bench_in_process
 
         return bench_in_process(args, _settings(args), _command())
+    args.api_key = args.api_key or os.environ.get("OPENAI_API_KEY") or None
+    from specserve.bench.prefix_bench import PREFIX_WORKLOADS
+
+    names = _names(args.workload)
+    if names and any(n in PREFIX_WORKLOADS for n in names):
+        return _prefix_bench(args, names)
     from specserve.bench.bench_report import render_markdown
     from specserve.bench.http_bench import run_http_bench
     from specserve.bench.plots import write_plots
@@ -178,6 +187,19 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prefix_bench(args: argparse.Namespace, names: list[str]) -> int:
+    from specserve.bench.prefix_bench import PREFIX_WORKLOADS, render_prefix, run_prefix_bench
+
+    if not all(n in PREFIX_WORKLOADS for n in names):
+        raise BenchInputError(f"run {', '.join(PREFIX_WORKLOADS)} apart from other workloads")
+    if args.max_tokens < 1 or args.requests < 1:
+        raise BenchInputError("--requests and --max-tokens must be >= 1")
+    report = asyncio.run(run_prefix_bench(args, names, args.requests, _progress))
+    report = {"command": _command(), "date": time.strftime("%Y-%m-%d %H:%M"), **report}
+    _write(args.output_dir, report, render_prefix(report))
+    return 0
+
+
 # -- verify ---------------------------------------------------------------------------------------
 
 
@@ -190,6 +212,7 @@ def _verify(args: argparse.Namespace) -> int:
         raise BenchInputError("need --seeds >= 0, --sample-tokens >= 1, --max-tokens >= 1, 0 < --alpha < 1")
     if args.seeds and args.temperature <= 0:
         raise BenchInputError("the sampled check needs --temperature > 0 (or --seeds 0)")
+    args.api_key = args.api_key or os.environ.get("OPENAI_API_KEY") or None
     workloads = select_workloads(_names(args.workload), args.prompts, args.limit)
     options = VerifyOptions(
         args.max_tokens, args.seeds, args.temperature, args.top_k, args.sample_tokens, args.alpha, args.seed

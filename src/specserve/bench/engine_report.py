@@ -117,7 +117,7 @@ def render_exact_cost(data: dict[str, Any], command: str) -> str:
         "",
         f"Command: `{command}`",
         "",
-        f"Median ms per target decode call, exact mode (`{data['exactness']}`: flash attention off) vs fast "
+        f"Median ms per target decode call, exact mode (`{data['exactness']}`) vs fast "
         f"mode (`--no-exact`); each mode a fresh process per round, {data['rounds']} rounds, order "
         "alternating (median over rounds of each round's median):",
         "",

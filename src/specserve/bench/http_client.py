@@ -61,6 +61,9 @@ class RequestResult:
     finish_reason: str | None = None
     speculative: dict[str, Any] | None = None
     error: str | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    """``usage.prompt_tokens_details.cached_tokens``, where the server reports it."""
 
     @property
     def tpot(self) -> float | None:
@@ -104,7 +107,10 @@ class BenchClient:
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
             raise BenchInputError(f"cannot reach {base_url}: {exc or type(exc).__name__}") from None
         if response.status_code in (401, 403):
-            raise BenchInputError(f"{base_url} refused the request ({response.status_code}); give --api-key")
+            raise BenchInputError(
+                f"{base_url} refused the request ({response.status_code}); "
+                "give --api-key or set OPENAI_API_KEY"
+            )
         try:
             models = response.json()["data"]
             return str(models[0]["id"])
@@ -133,11 +139,20 @@ class BenchClient:
             return False
         return result.speculative is not None
 
-    async def chat(self, target: Target, prompt: str, params: RequestParams) -> RequestResult:
-        """Stream one chat completion; failures are recorded in the result, never raised."""
+    async def chat(
+        self,
+        target: Target,
+        prompt: str | list[dict[str, str]],
+        params: RequestParams,
+        extra: dict[str, Any] | None = None,
+    ) -> RequestResult:
+        """Stream one chat completion (a user prompt, or whole messages); failures are recorded in the
+        result, never raised. ``extra`` adds body fields (e.g. ``cache_salt``)."""
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         body: dict[str, Any] = {
+            **(extra or {}),
             "model": target.model,
-            "messages": [{"role": "user", "content": prompt}],
+            "messages": messages,
             "max_tokens": params.max_tokens,
             "temperature": params.temperature,
             "stream": True,
@@ -195,6 +210,10 @@ class BenchClient:
                 usage = event.get("usage")
                 if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
                     usage_tokens = usage["completion_tokens"]
+                    result.prompt_tokens = usage.get("prompt_tokens")
+                    details = usage.get("prompt_tokens_details")
+                    if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+                        result.cached_tokens = details["cached_tokens"]
         result.output_tokens = usage_tokens if usage_tokens is not None else chunks
 
 

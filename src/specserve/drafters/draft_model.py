@@ -2,7 +2,7 @@
 
 The draft model keeps its own KV cache per sequence (same slot ids as the target). Before drafting it
 catches up on the tokens it has not seen (the pending token, and any tokens emitted while it was not used),
-then extends the chain one token per batched decode. Drafting stops early when the draft's own confidence in
+starting from what an earlier request left in the slot where that is a prefix of this one, then extends the chain one token per batched decode. Drafting stops early when the draft's own confidence in
 its next token falls below ``p_min``: an unconfident guess is likely rejected, and every proposed token
 costs a verify position.
 """
@@ -26,6 +26,7 @@ from specserve.verify.sampling import probs_from_params, sample_inverse_cdf
 @dataclass
 class _DraftState:
     computed: int = 0  # the draft KV holds seq.tokens[:computed]
+    placed: bool = False  # the slot's leftover KV from an earlier request was reused or cleared
     base_len: int = 0  # len(seq.tokens) when the last proposal was made
     decoded_drafts: int = 0  # draft tokens of that proposal that entered the draft KV
 
@@ -45,6 +46,9 @@ class DraftModelDrafter(Drafter):
     def __init__(self, runtime: ModelRuntime, p_min: float = 0.6) -> None:
         self.runtime = runtime
         self.p_min = p_min
+        self._left: dict[int, list[int]] = {}
+        """Tokens whose draft KV a finished request left in each slot (the draft side of prefix caching:
+        the next request in that slot starts from the common prefix)."""
 
     def begin(self, seq: Sequence) -> None:
         seq.drafter_state[self.name] = _DraftState()
@@ -71,6 +75,8 @@ class DraftModelDrafter(Drafter):
         active = [i for i, k in enumerate(num_tokens) if k > 0]
         for i in active:
             state = self._state(seqs[i])
+            if not state.placed:
+                self._reuse_leftover(seqs[i], state)
             state.base_len = seqs[i].num_tokens
             state.decoded_drafts = 0
         # Round 0 evaluates each sequence's unseen tokens; later rounds evaluate the previous guess.
@@ -99,6 +105,18 @@ class DraftModelDrafter(Drafter):
             ]
         return [Proposal(d, np.stack(p) if p else None) for d, p in zip(drafts, probs, strict=True)]
 
+    def _reuse_leftover(self, seq: Sequence, state: _DraftState) -> None:
+        """Keep the longest common prefix of what the slot holds (at least one token stays to evaluate)."""
+        left = self._left.pop(seq.slot, [])
+        tokens = seq.tokens
+        keep = 0
+        for a, b in zip(left, tokens[:-1], strict=False):
+            if a != b:
+                break
+            keep += 1
+        self.runtime.truncate(seq.slot, keep)
+        state.computed, state.placed = keep, True
+
     def _choose(
         self,
         seq: Sequence,
@@ -124,8 +142,11 @@ class DraftModelDrafter(Drafter):
             state.computed = valid
 
     def release(self, seq: Sequence) -> None:
-        if seq.drafter_state.pop(self.name, None) is not None and seq.slot >= 0:
-            self.runtime.free(seq.slot)
+        state = seq.drafter_state.pop(self.name, None)
+        if isinstance(state, _DraftState) and seq.slot >= 0:
+            if state.placed:
+                self._left[seq.slot] = seq.tokens[: state.computed]
+            # else the slot still holds what the previous request left, unchanged
 
     def close(self) -> None:
         self.runtime.close()

@@ -46,6 +46,7 @@ class _Submit:
     prompt_ids: list[int]
     params: SamplingParams
     speculation: SpeculationOptions | None
+    cache_salt: str
     sink: Callable[[RequestOutput | BaseException], None]
 
 
@@ -97,6 +98,7 @@ class AsyncEngine:
         params: SamplingParams,
         speculation: SpeculationOptions | None = None,
         timeout: float | None = None,
+        cache_salt: str = "",
     ) -> AsyncIterator[RequestOutput]:
         """Yield the request's outputs until it finishes; aborts it if the consumer goes away."""
         if self.error is not None or self._stopped:
@@ -113,7 +115,7 @@ class AsyncEngine:
         def sink(item: RequestOutput | BaseException) -> None:
             loop.call_soon_threadsafe(outputs.put_nowait, item)
 
-        self._send(_Submit(request_id, prompt_ids, params, speculation, sink))
+        self._send(_Submit(request_id, prompt_ids, params, speculation, cache_salt, sink))
         deadline = None if timeout is None else time.monotonic() + timeout
         finished = False
         try:
@@ -215,7 +217,11 @@ class AsyncEngine:
                 continue
             try:
                 self.engine.add_request(
-                    command.request_id, command.prompt_ids, command.params, command.speculation
+                    command.request_id,
+                    command.prompt_ids,
+                    command.params,
+                    command.speculation,
+                    command.cache_salt,
                 )
             except ValueError as exc:
                 command.sink(exc)

@@ -16,6 +16,7 @@ from specserve.drafters.length_policy import CostAwarePolicy, DraftLengthPolicy,
 from specserve.drafters.registry import DrafterContext, build_drafter
 from specserve.engine.cost_model import CostModel, StepCostTable, cached_calibration
 from specserve.engine.engine import EngineOptions, SpeculativeEngine
+from specserve.engine.prefix_cache import PrefixCache
 
 if TYPE_CHECKING:
     from specserve.models import ModelStore
@@ -108,7 +109,9 @@ def build_engine(settings: Settings, calibrate_costs: bool = True) -> tuple[Spec
         num_draft_tokens=settings.num_draft_tokens,
         speculation_enabled=settings.drafter != "none",
     )
-    engine = SpeculativeEngine(target, drafters, policy, costs, options, settings.prefill_chunk)
+    engine = SpeculativeEngine(
+        target, drafters, policy, costs, options, settings.prefill_chunk, build_prefix_cache(settings, target)
+    )
     report.seconds = time.perf_counter() - started
     return engine, report
 
@@ -181,6 +184,14 @@ def calibration_key(settings: Settings, target: ModelRuntime) -> dict[str, objec
         "gpu_layers": settings.gpu_layers,
         "context": target.info.context_per_sequence,
     }
+
+
+def build_prefix_cache(settings: Settings, target: ModelRuntime) -> PrefixCache | None:
+    """The prefix cache the settings ask for; in capped exact mode only whole prefill chunks are reusable."""
+    if not settings.prefix_cache:
+        return None
+    grid = settings.prefill_chunk if target.info.exactness == "capped" else None
+    return PrefixCache(target, host_bytes=settings.prefix_cache_ram << 20, grid=grid)
 
 
 def exact_rows(target: ModelRuntime) -> int | None:

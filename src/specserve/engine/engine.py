@@ -22,6 +22,7 @@ from specserve.drafters.base import Drafter, DraftOption, Proposal
 from specserve.drafters.length_policy import DraftLengthPolicy, DraftPlan
 from specserve.engine.cost_model import CostModel
 from specserve.engine.output_text import OutputText
+from specserve.engine.prefix_cache import PrefixCache
 from specserve.engine.scheduler import Scheduler
 from specserve.engine.sequence import Sequence, SequenceStatus, SpeculationOptions
 from specserve.engine.stats import EngineStats
@@ -70,13 +71,16 @@ class SpeculativeEngine:
         costs: CostModel,
         options: EngineOptions = EngineOptions(),
         prefill_budget: int = 256,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         self.target = target
         self.drafters = dict(drafters)
         self.policy = policy
         self.costs = costs
         self.options = options
-        self.scheduler = Scheduler(target.info.max_sequences, prefill_budget)
+        self.prefix_cache = prefix_cache
+        admit = prefix_cache.admit if prefix_cache is not None else None
+        self.scheduler = Scheduler(target.info.max_sequences, prefill_budget, admit)
         self.stats = EngineStats()
         self._texts: dict[str, OutputText] = {}
         self._failures: dict[str, int] = {}
@@ -89,6 +93,7 @@ class SpeculativeEngine:
         prompt_ids: list[int],
         params: SamplingParams,
         speculation: SpeculationOptions | None = None,
+        cache_salt: str = "",
     ) -> Sequence:
         context = self.target.info.context_per_sequence
         if not prompt_ids:
@@ -100,6 +105,7 @@ class SpeculativeEngine:
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         seq = Sequence(request_id, list(prompt_ids), params, PositionalUniforms(seed))
         seq.speculation = speculation or SpeculationOptions()
+        seq.cache_salt = cache_salt
         name = seq.speculation.drafter
         if name is not None and name not in self.drafters and name not in ("none", "auto"):
             raise ValueError(
@@ -241,6 +247,8 @@ class SpeculativeEngine:
         if rows.shape[0] == 0:
             return None  # more prompt chunks to come
         seq.prefill_done_time = time.perf_counter()
+        if self.prefix_cache is not None:
+            self.prefix_cache.prefilled(seq)
         result = self._verify(seq, [], None, rows)
         return self._commit(seq, result)
 
@@ -321,7 +329,10 @@ class SpeculativeEngine:
             except Exception:  # releasing must not fail the request; the drafter's memory is its own
                 log.warning("drafter %s failed to release %s", drafter.name, seq.request_id, exc_info=True)
         if seq.status is SequenceStatus.FINISHED and seq.slot >= 0:
-            self.target.free(seq.slot)
+            if self.prefix_cache is not None:
+                self.prefix_cache.release(seq)  # its KV stays for later requests that share a prefix
+            else:
+                self.target.free(seq.slot)
         self.scheduler.release(seq)
         self._texts.pop(seq.request_id, None)
         self.stats.record_finish(seq)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
 from specserve.engine.sequence import Sequence, SequenceStatus
@@ -27,11 +29,19 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, max_running: int, prefill_budget: int = 256) -> None:
+    def __init__(
+        self,
+        max_running: int,
+        prefill_budget: int = 256,
+        admit: Callable[[Sequence, Seq[int]], int] | None = None,
+    ) -> None:
+        """``admit(seq, free_slots)`` picks the slot of a sequence leaving the queue (and may fill its KV, as
+        the prefix cache does); by default the most recently freed slot."""
         if max_running < 1:
             raise ValueError("max_running must be >= 1")
         self.max_running = max_running
         self.prefill_budget = prefill_budget
+        self._admit = admit
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._free_slots = list(range(max_running - 1, -1, -1))
@@ -46,7 +56,8 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         while self.waiting and self._free_slots:
             seq = self.waiting.popleft()
-            seq.slot = self._free_slots.pop()
+            seq.slot = self._admit(seq, self._free_slots) if self._admit else self._free_slots[-1]
+            self._free_slots.remove(seq.slot)
             seq.status = SequenceStatus.RUNNING
             seq.scheduled_time = time.perf_counter()
             self.running.append(seq)

@@ -104,6 +104,10 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     slot: int = -1
     num_computed: int = 0
+    cache_salt: str = ""
+    """Prefix-cache namespace: requests reuse each other's KV only if their salts are equal."""
+    cached_tokens: int = 0
+    """Prompt tokens whose KV came from the prefix cache (OpenAI's usage.prompt_tokens_details)."""
     finish_reason: str | None = None
     stats: SpecStats = field(default_factory=SpecStats)
     drafter_state: dict[str, object] = field(default_factory=dict)

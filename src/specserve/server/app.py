@@ -120,6 +120,7 @@ async def generate(request: Request, chat: bool) -> Response:
         len(ids), runtime.info.context_per_sequence, "messages" if chat else "prompt"
     )
     speculation = state.speculation(engine, req.speculative)
+    salt = state.access.cache_salt(request.headers.get("authorization"), req.cache_salt)
     request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     record = current_record()
     if record is not None:
@@ -129,7 +130,7 @@ async def generate(request: Request, chat: bool) -> Response:
     fmt = ChunkFormat(chat, request_id, int(time.time()), state.model_id, req.include_usage)
     outputs = cast(
         AsyncGenerator[RequestOutput, None],
-        engine.generate(request_id, ids, params, speculation, state.timeout),
+        engine.generate(request_id, ids, params, speculation, state.timeout, salt),
     )
     first = await admit(outputs)
     if record is not None:

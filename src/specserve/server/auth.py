@@ -8,6 +8,7 @@ unless ``metrics_require_key``, ``/metrics`` stay public.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import math
 import time
@@ -126,6 +127,13 @@ class AccessControl:
                     headers={"Retry-After": str(retry)},
                 )
         return None
+
+    def cache_salt(self, authorization: str | None, requested: str | None) -> str:
+        """The prefix-cache namespace of a request: its API key's (tenants never share cached KV, so one
+        cannot time another's prompts) and the request's own ``cache_salt`` within it."""
+        key = matches(bearer_token(authorization), self.keys) if self.keys else None
+        tenant = hashlib.sha256(key).hexdigest()[:32] if key is not None else ""
+        return f"{tenant}\x00{requested}" if requested is not None else tenant
 
     def _check_admin(self, token: bytes | None) -> APIError | None:
         if self.admin_key is None:

@@ -116,6 +116,7 @@ def summary(record: RequestRecord, result: str, log_prompts: bool) -> dict[str, 
     stats = seq.stats
     fields.update(
         prompt_tokens=len(seq.prompt_ids),
+        cached_tokens=seq.cached_tokens,
         output_tokens=len(seq.output_ids),
         finish_reason=seq.finish_reason,
         drafters=dict(stats.drafts_by_drafter),

@@ -25,7 +25,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from specserve.engine.sequence import SpeculationOptions
+from specserve.engine.sequence import Sequence, SpeculationOptions
 from specserve.request import SamplingParams
 from specserve.server.errors import from_validation, invalid_request
 
@@ -108,6 +108,8 @@ class SamplingRequest(_Strict):
     user: str | None = None
     ignore_eos: bool = False
     speculative: SpeculativeRequest | None = None
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)
+    """vLLM's field: requests reuse each other's cached prompt KV only if their salts are equal."""
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -243,10 +245,26 @@ RequestT = TypeVar("RequestT", bound=SamplingRequest)
 # -- responses ------------------------------------------------------------------------------------
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int
+    """Prompt tokens whose KV came from the prefix cache."""
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+    @classmethod
+    def of(cls, seq: Sequence) -> Usage:
+        prompt, completion = len(seq.prompt_ids), len(seq.output_ids)
+        return cls(
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            total_tokens=prompt + completion,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=seq.cached_tokens),
+        )
 
 
 class CompletionChoice(BaseModel):

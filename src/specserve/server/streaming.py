@@ -26,6 +26,7 @@ from starlette.types import Receive, Scope, Send
 
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine import RequestOutput
+from specserve.engine.sequence import Sequence
 from specserve.server import protocol as p
 from specserve.server.errors import from_engine_error, internal_error
 from specserve.server.middleware import note_stream_error
@@ -73,26 +74,16 @@ class ChunkFormat:
         chunk["speculative"] = speculative
         return chunk
 
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-        usage = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        }
+    def usage(self, seq: Sequence) -> dict[str, Any]:
         chunk = self._chunk({})
         chunk["choices"] = []
-        chunk["usage"] = usage
+        chunk["usage"] = p.Usage.of(seq).model_dump()
         return chunk
 
     def response(self, text: str, out: RequestOutput) -> dict[str, Any]:
         """The non-streamed response body (``chat.completion`` or ``text_completion``)."""
         seq = out.seq
-        prompt_tokens, completion_tokens = len(seq.prompt_ids), len(seq.output_ids)
-        usage = p.Usage(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            total_tokens=prompt_tokens + completion_tokens,
-        )
+        usage = p.Usage.of(seq)
         common = {"id": self.id, "created": self.created, "model": self.model}
         response: p.CompletionResponse | p.ChatCompletionResponse
         if self.chat:
@@ -126,7 +117,7 @@ async def stream_events(
         seq = out.seq
         yield sse(fmt.finish(seq.finish_reason, seq.stats.as_dict()))
         if fmt.include_usage:
-            yield sse(fmt.usage(len(seq.prompt_ids), len(seq.output_ids)))
+            yield sse(fmt.usage(seq))
     except Exception as exc:
         error = from_engine_error(exc)
         if error is None:
