@@ -72,3 +72,7 @@ if [[ -n "${LLAMA_SERVER:-}" ]]; then
     --workload qa creative --concurrency 1 --requests 3 --max-tokens 96
   kill $server $peer; wait 2>/dev/null || true
 fi
+
+# 6. Prefix cache: multi-turn chats and a shared system prompt, cache vs cold vs llama-server's cache.
+STOCK_LLAMA_BIN="$STOCK" LLAMA_SERVER="$LLAMA_SERVER" OUT="$OUT" PORT="$PORT" PEER_PORT="$PEER_PORT"   scripts/bench-prefix-cache.sh
+

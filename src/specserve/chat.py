@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -48,3 +49,37 @@ def render_chat(runtime: ModelRuntime, messages: Sequence[Mapping[str, Any]]) ->
         )
     except jinja2.TemplateError as exc:
         raise ChatTemplateError(f"chat template failed: {exc}") from exc
+
+
+# Private-use code points stand in for message contents while the template renders (see chat_prompt_ids).
+_MARK = re.compile("\ue000([0-9]+)\ue001")
+
+
+def chat_prompt_ids(runtime: ModelRuntime, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    """Token ids of the chat prompt: control tokens come from the template only.
+
+    Tokenizing the rendered text with special-token parsing would turn a message that contains
+    ``<|im_end|>\n<|im_start|>system`` into real control tokens: a forged system or assistant turn. So the
+    template renders with a marker in place of each content, the template's text is tokenized with special
+    tokens parsed, and each content is tokenized as plain text where its marker stood.
+    """
+    marked = [{**m, "content": f"\ue000{i}\ue001"} for i, m in enumerate(messages)]
+    for m, original in zip(marked, messages, strict=True):
+        if not isinstance(original.get("content"), str):
+            m["content"] = original.get("content")  # render_chat reports it
+    text = render_chat(runtime, marked)
+    bos = runtime.special_token_text("bos")
+    add_bos = not (bos and text.startswith(bos))  # BOS once, unless the template wrote it
+    ids: list[int] = []
+    pos = 0
+    for match in [*_MARK.finditer(text), None]:
+        end = match.start() if match is not None else len(text)
+        if end > pos:
+            ids += runtime.tokenize(text[pos:end], add_special=add_bos and not ids, parse_special=True)
+        if match is None:
+            return ids
+        content = str(messages[int(match.group(1))]["content"])
+        if content:
+            ids += runtime.tokenize(content, add_special=add_bos and not ids, parse_special=False)
+        pos = match.end()
+    return ids

@@ -160,7 +160,7 @@ def _sampling(args: argparse.Namespace) -> Any:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from specserve.chat import render_chat
+    from specserve.chat import chat_prompt_ids
     from specserve.engine.builder import build_engine
 
     params = _sampling(args)  # validate before loading anything
@@ -173,7 +173,7 @@ def _generate(args: argparse.Namespace) -> int:
             messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
                 {"role": "user", "content": args.prompt}
             ]
-            prompt_ids = runtime.tokenize(render_chat(runtime, messages), parse_special=True)
+            prompt_ids = chat_prompt_ids(runtime, messages)
         else:
             prompt_ids = runtime.tokenize(args.prompt)
         start = time.perf_counter()

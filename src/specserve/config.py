@@ -87,6 +87,16 @@ class Settings:
     max_waiting: int = _setting(64, "Requests allowed to wait for a free sequence slot; more get 429.")
     request_timeout: float = _setting(600.0, "Seconds a request may take before it is aborted (0 = none).")
     max_request_bytes: int = _setting(1_000_000, "Largest accepted request body, in bytes.")
+    stream_keepalive: float = _setting(
+        5.0, "Seconds between SSE keep-alive comments while a stream waits for a slot and its first token."
+    )
+    client_timeout: float = _setting(
+        10.0,
+        "Seconds a client has to send a request's headers, and then its body (slow clients are cut off).",
+    )
+    max_connections: int = _setting(
+        256, "Open HTTP connections allowed; more are closed at once (put a proxy in front for more)."
+    )
     shutdown_grace_seconds: float = _setting(
         30.0, "On SIGTERM, seconds in-flight requests may take to finish before the server exits."
     )
@@ -122,6 +132,7 @@ class Settings:
             "ngram_min_n",
             "max_waiting",
             "max_request_bytes",
+            "max_connections",
         ):
             positive(name)
         if not 0 < self.port < 65536:
@@ -134,6 +145,9 @@ class Settings:
         ):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("client_timeout", "stream_keepalive"):
+            if not getattr(self, name) > 0:
+                raise SettingsError(f"{name} must be > 0, got {getattr(self, name)}")
         if not 0 <= self.num_draft_tokens <= 64:
             raise SettingsError(f"num_draft_tokens must be in [0, 64], got {self.num_draft_tokens}")
         if not 0.0 <= self.draft_p_min <= 1.0:

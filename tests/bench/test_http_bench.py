@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from cli_runner import run_cli
-from server.process import ServerProcess, free_port
+from server.process import ServerProcess, free_port, start_server, stop_server
+from specserve.testing.tiny_models import TinyModels
 
 from .conftest import one_error_line
 
@@ -140,3 +141,44 @@ def test_verify_over_http_passes_in_exact_mode(
     assert report["greedy"]["equal"] == report["greedy"]["total"] == 1
     assert report["sampled"]["tests"] == 1 and 0.0 <= report["sampled"]["p_value"] <= 1.0
     assert "**PASS**" in stdout
+
+
+def test_prefix_bench_measures_cached_against_cold(
+    bench_server: ServerProcess, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "prefix"
+    code, _, err = run_cli(
+        capfd, "bench", "--url", bench_server.url, "--output-dir", str(out),
+        "--workload", "chat-multiturn", "shared-system-prompt", "--requests", "2", "--max-tokens", "4",
+    )  # fmt: skip
+    assert code == 0, err
+    report = json.loads((out / "report.json").read_text())
+    multiturn = report["workloads"]["chat-multiturn"]
+    assert len(multiturn["turns"]["cached"]) == 4 + 5  # two conversations of 4 and 5 turns
+    for workload in ("chat-multiturn", "shared-system-prompt"):
+        summary = report["workloads"][workload]["summary"]
+        cached, cold = summary["cached"], summary["cold"]
+        assert cached["errors"] == cold["errors"] == 0
+        assert cold["cached_tokens"] == 0 and cached["hit_rate"] > 0.3, workload
+        assert cached["same_output_as_cold"] == cached["requests"]  # reuse never changes greedy output
+        assert cached["ttft_vs_cold"] is not None
+    assert "| chat-multiturn | cached |" in (out / "report.md").read_text()
+
+
+def test_bench_takes_the_key_from_openai_api_key(
+    tiny_models: TinyModels,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    keyed = start_server(tiny_models, tmp_path, "--max-running", "1", env={"SPECSERVE_API_KEYS": "k-env"})
+    try:
+        args = ("bench", "--url", keyed.url, "--output-dir", str(tmp_path / "o"), "--workload", "qa",
+                "--requests", "1", "--max-tokens", "2")  # fmt: skip
+        code, _, err = run_cli(capfd, *args)
+        assert code == 2 and "OPENAI_API_KEY" in err
+        monkeypatch.setenv("OPENAI_API_KEY", "k-env")
+        code, _, err = run_cli(capfd, *args)
+        assert code == 0, err
+    finally:
+        stop_server(keyed)

@@ -204,6 +204,29 @@ def test_abort_frees_the_slot_and_others_continue(tiny_models: TinyModels, plain
         assert len(engine.scheduler._free_slots) == engine.target.info.max_sequences
 
 
+def test_a_request_that_fails_in_the_engine_fails_alone(
+    tiny_models: TinyModels, plain_greedy: Sequence, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with make_engine(tiny_models) as engine:
+        verify = engine._verify
+
+        def flaky(seq: Sequence, *args: object) -> list[int]:
+            if seq.request_id == "bad" and len(seq.output_ids) >= 3:
+                raise RuntimeError("injected failure")
+            return verify(seq, *args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(engine, "_verify", flaky)
+        ids = engine.target.tokenize(PROMPT)
+        good = engine.add_request("good", ids, GREEDY, SpeculationOptions(drafter="ngram"))
+        bad = engine.add_request("bad", ids, SamplingParams(max_tokens=400))
+        outputs = []
+        while engine.has_work():
+            outputs += engine.step()
+        assert bad.finish_reason == "error" and any(o.seq is bad and o.finished for o in outputs)
+        assert good.output_ids == plain_greedy.output_ids
+        assert len(engine.scheduler._free_slots) == engine.target.info.max_sequences
+
+
 def test_failing_drafter_falls_back_to_plain_output(tiny_models: TinyModels, plain_greedy: Sequence) -> None:
     exploding = ExplodingDrafter()
     with make_engine(tiny_models, extra={"exploding": exploding}) as engine:

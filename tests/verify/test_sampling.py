@@ -244,3 +244,13 @@ def test_inverse_cdf_matches_the_oracle() -> None:
     uniforms = rng.random(500)
     expected = [inverse_cdf_ref(row.tolist(), float(u)) for row, u in zip(probs, uniforms, strict=True)]
     assert sample_inverse_cdf(probs, uniforms).tolist() == expected
+
+
+def test_a_denormal_temperature_is_near_greedy_not_nan_regression_engine_crash() -> None:
+    # Found by schema fuzzing: temperature 5e-324 with top_k 3 made every probability NaN and the engine
+    # thread died. Dividing the max-shifted logits keeps the maximum at 0 and sends the rest to -inf.
+    logits = np.array([[1.0, 2.0, 2.0, -np.inf, 0.5]], dtype=np.float32)
+    for top_k, top_p in ((3, 5e-324), (0, 1.0)):
+        probs = filter_logits_to_probs(logits, 5e-324, top_k, top_p)
+        assert np.all(np.isfinite(probs)) and probs.sum() == pytest.approx(1.0)
+        assert probs[0, 0] == probs[0, 3] == probs[0, 4] == 0.0  # only the tied maxima can be drawn

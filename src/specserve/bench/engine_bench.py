@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from specserve.chat import render_chat
+from specserve.chat import chat_prompt_ids
 from specserve.config import Settings
 from specserve.drafters.base import Drafter
 from specserve.drafters.length_policy import CostAwarePolicy, DraftLengthPolicy, FixedLengthPolicy
@@ -139,7 +139,7 @@ def run_engine_bench(
         rounds = [(r, i, item) for r in range(repeats) for i, item in enumerate(prompts)]
         for r, i, item in rounds:
             messages = [{"role": "user", "content": item["prompt"]}]
-            prompt_ids = target.tokenize(render_chat(target, messages), parse_special=True)
+            prompt_ids = chat_prompt_ids(target, messages)
             finished: dict[str, Sequence] = {}
             for mode_name in modes if r % 2 == 0 else modes[::-1]:
                 mode = MODES[mode_name]

@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from specserve.backends.base import DecodeChunk, ModelRuntime
-from specserve.chat import render_chat
+from specserve.chat import chat_prompt_ids
 from specserve.config import Settings
 from specserve.drafters.base import Drafter
 from specserve.drafters.length_policy import DraftLengthPolicy, FixedLengthPolicy
@@ -47,9 +47,7 @@ class Models:
 
     def prompt_ids(self, prompt: str) -> list[int]:
         """The user prompt as a chat turn, tokenized as the server does."""
-        text = render_chat(self.target, [{"role": "user", "content": prompt}])
-        bos = self.target.special_token_text("bos")
-        return self.target.tokenize(text, add_special=not (bos and text.startswith(bos)), parse_special=True)
+        return chat_prompt_ids(self.target, [{"role": "user", "content": prompt}])
 
     def generate(
         self,

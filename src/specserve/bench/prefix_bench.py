@@ -69,7 +69,7 @@ def chat_multiturn(count: int) -> list[Conversation]:
 
 def shared_system_prompt(count: int) -> list[Conversation]:
     """``count`` one-question conversations under the same long system prompt."""
-    rules = _prompts("summarization") + _prompts("code-edit")
+    rules = _prompts("summarization") + _prompts("code-completion")  # ~960 tokens of the default target
     system = "You are the support assistant of a software company. House rules and reference material:\n\n"
     system += "\n\n".join(rules)
     questions = _prompts("qa")

@@ -2,9 +2,10 @@
 
 The draft model keeps its own KV cache per sequence (same slot ids as the target). Before drafting it
 catches up on the tokens it has not seen (the pending token, and any tokens emitted while it was not used),
-starting from what an earlier request left in the slot where that is a prefix of this one, then extends the chain one token per batched decode. Drafting stops early when the draft's own confidence in
-its next token falls below ``p_min``: an unconfident guess is likely rejected, and every proposed token
-costs a verify position.
+starting from what an earlier request left in the slot where that is a prefix of this one. Then it extends
+the chain one token per batched decode. Drafting stops early when the draft's own confidence in its next
+token falls below ``p_min``: an unconfident guess is likely rejected, and every proposed token costs a
+verify position.
 """
 
 from __future__ import annotations
@@ -143,10 +144,9 @@ class DraftModelDrafter(Drafter):
 
     def release(self, seq: Sequence) -> None:
         state = seq.drafter_state.pop(self.name, None)
-        if isinstance(state, _DraftState) and seq.slot >= 0:
-            if state.placed:
-                self._left[seq.slot] = seq.tokens[: state.computed]
-            # else the slot still holds what the previous request left, unchanged
+        # A state never placed did not touch the slot: it still holds what the previous request left.
+        if isinstance(state, _DraftState) and seq.slot >= 0 and state.placed:
+            self._left[seq.slot] = seq.tokens[: state.computed]
 
     def close(self) -> None:
         self.runtime.close()

@@ -40,6 +40,10 @@ class EngineDeadError(Exception):
     """The engine thread stopped (a bug or a fatal backend error)."""
 
 
+class RequestFailedError(Exception):
+    """The engine failed this one request (finish reason ``error``, logged); the others go on."""
+
+
 @dataclass
 class _Submit:
     request_id: str
@@ -131,6 +135,8 @@ class AsyncEngine:
                     finished = True
                     raise item
                 finished = item.finished
+                if finished and item.seq.finish_reason == "error":
+                    raise RequestFailedError(f"request {request_id} failed in the engine")
                 yield item
                 if finished:
                     return

@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -140,12 +140,26 @@ class SpeculativeEngine:
         logits = self._evaluate(batch.prefills, batch.decodes, proposals)
         prefill_logits, decode_logits = logits[: len(batch.prefills)], logits[len(batch.prefills) :]
         outputs = [
-            self._first_token(seq, rows)
+            self._isolated(seq, self._first_token, seq, rows)
             for (seq, _), rows in zip(batch.prefills, prefill_logits, strict=True)
         ]
         for seq, plan, proposal, rows in zip(batch.decodes, plans, proposals, decode_logits, strict=True):
-            outputs.append(self._verify_and_commit(seq, plan, proposal, rows))
+            outputs.append(self._isolated(seq, self._verify_and_commit, seq, plan, proposal, rows))
         return [o for o in outputs if o is not None]
+
+    def _isolated(
+        self, seq: Sequence, fn: Callable[..., RequestOutput | None], *args: object
+    ) -> RequestOutput | None:
+        """Verify and commit one sequence; if that raises, only this request fails (finish reason
+        ``error``, its KV freed) and the step goes on for the others."""
+        try:
+            return fn(*args)
+        except Exception:
+            log.exception("request %s failed in the engine; the other requests continue", seq.request_id)
+            if not seq.finished:
+                seq.finish("error")
+            self._release(seq)
+            return RequestOutput(seq, [], "", True)
 
     def _plan(self, seqs: list[Sequence], prefill_tokens: int) -> list[DraftPlan]:
         """Ask each allowed drafter what it could offer, then let the policy decide (0 tokens = plain)."""
@@ -330,7 +344,8 @@ class SpeculativeEngine:
                 log.warning("drafter %s failed to release %s", drafter.name, seq.request_id, exc_info=True)
         if seq.status is SequenceStatus.FINISHED and seq.slot >= 0:
             if self.prefix_cache is not None:
-                self.prefix_cache.release(seq)  # its KV stays for later requests that share a prefix
+                # Its KV stays for later requests that share a prefix, unless a failure left it unknown.
+                self.prefix_cache.release(seq, reusable=seq.finish_reason != "error")
             else:
                 self.target.free(seq.slot)
         self.scheduler.release(seq)

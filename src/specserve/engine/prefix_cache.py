@@ -55,11 +55,13 @@ class _Holder:
     """KV of a prefix: in a slot (``slot >= 0``) or in a host blob."""
 
     hashes: list[bytes]
+    tokens: list[int]
+    """The reusable tokens: the blocks ``hashes`` name, and a partial block after them."""
     slot: int = -1
     blob: bytes = b""
     checksum: int = 0
     positions: int = 0
-    """Positions the blob holds (at least ``len(hashes) * block_size``)."""
+    """Positions the blob holds (at least ``len(tokens)``)."""
     last_used: float = field(default_factory=time.monotonic)
 
 
@@ -116,16 +118,20 @@ class PrefixCache:
         """Choose ``seq``'s slot among ``free_slots`` and fill it with its longest cached prefix.
 
         Sets ``seq.num_computed`` and ``seq.cached_tokens``; returns the slot."""
-        # The last prompt token is always evaluated: its logits give the first output token.
-        hashes = block_hashes(seq.prompt_ids[:-1], seq.cache_salt, self.block_size)
-        depth, holders = self._longest(hashes)
+        prompt = seq.prompt_ids[:-1]  # the last prompt token is evaluated: its logits give the first token
+        hashes = block_hashes(prompt, seq.cache_salt, self.block_size)
+        depth, found = self._longest(hashes)
+        # Past the last whole block, a holder's own tokens extend the match token by token (as a radix tree
+        # would): a new turn's prompt rarely ends on a block boundary of the previous one.
+        reach = {h: self._extend(self._holders[h].tokens, prompt, depth * self.block_size) for h in found}
+        length = max(reach.values(), default=0)
+        holders = {h for h, n in reach.items() if n == length}
         free = set(free_slots)
         in_place = [h for h in holders if self._holders[h].slot in free]
         slot = self._holders[in_place[0]].slot if in_place else self._victim(free_slots)
-        length = depth * self.block_size
         hit = CacheHit()
         if in_place:
-            self._spill(slot, keep=depth)
+            self._spill(slot, keep=length)
             self.runtime.truncate(slot, length)
             hit = CacheHit(length, "slot")
         else:
@@ -139,7 +145,7 @@ class PrefixCache:
                     break
         self._forget_slot(slot)
         if hit.tokens:
-            self._register_slot(slot, hashes[:depth])
+            self._register_slot(slot, hashes[: hit.tokens // self.block_size], prompt[: hit.tokens])
         seq.num_computed = seq.cached_tokens = hit.tokens
         self.stats.queries += len(seq.prompt_ids)
         self.stats.hits += hit.tokens
@@ -156,6 +162,14 @@ class PrefixCache:
                 break
             depth, holders = i + 1, set(found)
         return depth, holders
+
+    @staticmethod
+    def _extend(held: list[int], prompt: list[int], start: int) -> int:
+        """Length of the common prefix of ``held`` and ``prompt``, known to be at least ``start``."""
+        n, limit = start, min(len(held), len(prompt))
+        while n < limit and held[n] == prompt[n]:
+            n += 1
+        return n
 
     def _victim(self, free_slots: Seq[int]) -> int:
         """An empty free slot, else the one whose cached prefix was used least recently."""
@@ -191,25 +205,28 @@ class PrefixCache:
     def prefilled(self, seq: Sequence) -> None:
         """``seq`` finished its prompt: later requests may copy the reusable part while it runs."""
         self._forget_slot(seq.slot)
-        if hashes := self._reusable_hashes(seq):
-            self._register_slot(seq.slot, hashes)
+        tokens = self._reusable(seq)
+        if len(tokens) >= self.block_size:
+            self._register_slot(seq.slot, block_hashes(tokens, seq.cache_salt, self.block_size), tokens)
 
-    def release(self, seq: Sequence) -> None:
+    def release(self, seq: Sequence, reusable: bool = True) -> None:
         """``seq`` ended: its KV stays in its slot for later requests (or is freed if none is reusable)."""
         self._forget_slot(seq.slot)
-        if hashes := self._reusable_hashes(seq):
-            self._register_slot(seq.slot, hashes)
+        tokens = self._reusable(seq) if reusable else []
+        if len(tokens) >= self.block_size:
+            self._register_slot(seq.slot, block_hashes(tokens, seq.cache_salt, self.block_size), tokens)
         else:
             self.runtime.free(seq.slot)
 
-    def _reusable_hashes(self, seq: Sequence) -> list[bytes]:
+    def _reusable(self, seq: Sequence) -> list[int]:
+        """The tokens of ``seq`` whose KV a later request may reuse (see the module docstring)."""
         reusable = seq.num_computed
         if self.grid is not None:
             reusable = min(reusable, len(seq.prompt_ids)) // self.grid * self.grid
-        return block_hashes(seq.tokens[:reusable], seq.cache_salt, self.block_size)
+        return seq.tokens[:reusable]
 
-    def _register_slot(self, slot: int, hashes: list[bytes]) -> None:
-        self._slot_holder[slot] = self._add(_Holder(hashes, slot=slot))
+    def _register_slot(self, slot: int, hashes: list[bytes], tokens: list[int]) -> None:
+        self._slot_holder[slot] = self._add(_Holder(hashes, tokens, slot=slot))
 
     def _forget_slot(self, slot: int) -> None:
         holder_id = self._slot_holder.pop(slot, None)
@@ -217,28 +234,33 @@ class PrefixCache:
             self._remove(holder_id)
 
     def _spill(self, slot: int, keep: int) -> None:
-        """Save the slot's content to the host tier if more than its first ``keep`` blocks would be lost and
-        no host blob holds that prefix already."""
+        """Save the slot's content to the host tier if a block or more past its first ``keep`` tokens would be
+        lost and no host blob holds that prefix already."""
         holder_id = self._slot_holder.get(slot)
         if holder_id is None or self.host_bytes <= 0:
             return
-        hashes = self._holders[holder_id].hashes
-        if len(hashes) <= keep or any(self._holders[h].slot < 0 for h in self._index.get(hashes[-1], ())):
+        hashes, tokens = self._holders[holder_id].hashes, self._holders[holder_id].tokens
+        if len(tokens) - keep < self.block_size:
+            return
+        if any(
+            self._holders[h].slot < 0 and self._holders[h].tokens == tokens for h in self._index[hashes[-1]]
+        ):
             return
         blob = self.runtime.save_sequence(slot)
         if blob is None or len(blob) > self.host_bytes:
             return
         while self._host and self.host_tier_bytes() + len(blob) > self.host_bytes:
             self._remove(next(iter(self._host)))
-        positions = len(hashes) * self.block_size
-        holder = _Holder(list(hashes), blob=blob, checksum=zlib.crc32(blob), positions=positions)
+        holder = _Holder(
+            list(hashes), list(tokens), blob=blob, checksum=zlib.crc32(blob), positions=len(tokens)
+        )
         self._host[self._add(holder)] = None
         self.stats.host_saves += 1
 
     def _add(self, holder: _Holder) -> int:
         holder_id, self._next_id = self._next_id, self._next_id + 1
         self._holders[holder_id] = holder
-        self._tokens["slot" if holder.slot >= 0 else "host"] += len(holder.hashes) * self.block_size
+        self._tokens["slot" if holder.slot >= 0 else "host"] += len(holder.tokens)
         self._host_total_bytes += len(holder.blob)
         for h in holder.hashes:
             self._index.setdefault(h, set()).add(holder_id)
@@ -247,7 +269,7 @@ class PrefixCache:
     def _remove(self, holder_id: int) -> None:
         holder = self._holders.pop(holder_id)
         self._host.pop(holder_id, None)
-        self._tokens["slot" if holder.slot >= 0 else "host"] -= len(holder.hashes) * self.block_size
+        self._tokens["slot" if holder.slot >= 0 else "host"] -= len(holder.tokens)
         self._host_total_bytes -= len(holder.blob)
         for h in holder.hashes:
             ids = self._index.get(h)

@@ -5,6 +5,7 @@ from specserve.models.compat import VocabInfo, check_draft_compatible, read_voca
 from specserve.models.errors import (
     GGUFFileError,
     IncompatibleVocabError,
+    ModelCacheError,
     ModelIntegrityError,
     ModelNotFoundError,
     ModelStoreError,
@@ -20,6 +21,7 @@ __all__ = [
     "GGUFFileError",
     "GGUFHeader",
     "IncompatibleVocabError",
+    "ModelCacheError",
     "ModelIntegrityError",
     "ModelNotFoundError",
     "ModelSpec",

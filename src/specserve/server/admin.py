@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +18,9 @@ from starlette.responses import Response
 
 from specserve.engine.async_engine import AsyncEngine, EngineDeadError
 from specserve.metrics import speculation_active
-from specserve.server.errors import from_validation, invalid_request, unavailable
+from specserve.server.errors import from_validation, unavailable
+from specserve.server.protocol import json_object
+from specserve.server.request_body import read_body
 
 if TYPE_CHECKING:
     from specserve.server.state import ServerState
@@ -32,7 +33,7 @@ router = APIRouter()
 
 
 class SpeculationSwitch(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     enabled: bool
 
@@ -66,12 +67,12 @@ async def get_speculation(request: Request) -> dict[str, Any]:
 async def set_speculation(request: Request) -> dict[str, Any]:
     state: ServerState = request.app.state.server
     engine = state.require_engine()
+    # The same limits and parser as /v1: JSON only, bounded size and time, no recursion errors.
+    raw = await read_body(request, state.settings.max_request_bytes, state.settings.client_timeout)
     try:
-        switch = SpeculationSwitch.model_validate(json.loads(await request.body()))
-    except ValidationError as exc:  # a ValueError too: first
+        switch = SpeculationSwitch.model_validate(json_object(raw))
+    except ValidationError as exc:
         raise from_validation(exc.errors()) from None
-    except ValueError:  # not JSON, or not UTF-8
-        raise invalid_request('The body must be a JSON object like {"enabled": false}.') from None
 
     def apply() -> None:  # on the engine thread: no step sees half a change
         core = engine.engine

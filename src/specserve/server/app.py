@@ -26,13 +26,15 @@ from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
 from specserve.backends.base import ModelRuntime
-from specserve.chat import ChatTemplateError, render_chat
+from specserve.chat import ChatTemplateError, chat_prompt_ids
 from specserve.config import Settings
 from specserve.engine.engine import RequestOutput, SpeculativeEngine
 from specserve.server import protocol as p
 from specserve.server.admin import router as ops_router
-from specserve.server.errors import APIError, install_handlers, invalid_request
+from specserve.server.errors import install_handlers, invalid_request
 from specserve.server.middleware import OpsMiddleware, current_record
+from specserve.server.openapi import install_openapi
+from specserve.server.request_body import read_body
 from specserve.server.state import EngineFactory, ServerState
 from specserve.server.streaming import (
     ChunkFormat,
@@ -67,11 +69,9 @@ def completion_prompt(runtime: ModelRuntime, request: p.CompletionRequest) -> li
 
 def chat_prompt(runtime: ModelRuntime, request: p.ChatCompletionRequest) -> list[int]:
     try:
-        text = render_chat(runtime, request.chat_messages())
+        return chat_prompt_ids(runtime, request.chat_messages())
     except ChatTemplateError as exc:
         raise invalid_request(str(exc), "messages") from None
-    bos = runtime.special_token_text("bos")
-    return runtime.tokenize(text, add_special=not (bos and text.startswith(bos)), parse_special=True)
 
 
 async def prompt_ids(prepare: Callable[[], list[int]], body_size: int) -> list[int]:
@@ -84,28 +84,10 @@ async def prompt_ids(prepare: Callable[[], list[int]], body_size: int) -> list[i
 # -- generation -----------------------------------------------------------------------------------
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refused with 413 past ``limit`` bytes (at once when Content-Length says so)."""
-    declared = request.headers.get("content-length", "")
-    too_large = declared.isdigit() and int(declared) > limit
-    chunks: list[bytes] = []
-    size = 0
-    if not too_large:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                too_large = True
-                break
-            chunks.append(chunk)
-    if too_large:
-        raise APIError(413, f"The request body exceeds {limit} bytes.", code="request_too_large")
-    return b"".join(chunks)
-
-
 async def generate(request: Request, chat: bool) -> Response:
     state: ServerState = request.app.state.server
     engine = state.require_engine()
-    raw = await read_body(request, state.settings.max_request_bytes)
+    raw = await read_body(request, state.settings.max_request_bytes, state.settings.client_timeout)
     runtime = engine.engine.target
     req: p.CompletionRequest | p.ChatCompletionRequest
     if chat:
@@ -137,7 +119,8 @@ async def generate(request: Request, chat: bool) -> Response:
         record.watch(first)
     if req.stream:
         return EventStreamResponse(
-            stream_events(first, outputs, fmt), partial(release_request, first, outputs)
+            stream_events(first, outputs, fmt, state.settings.stream_keepalive),
+            partial(release_request, first, outputs),
         )
     text, out = await collect(request, engine, request_id, first, outputs)
     return JSONResponse(fmt.response(text, out))
@@ -235,4 +218,5 @@ def create_app(
     app.add_middleware(OpsMiddleware, state=state)
     app.include_router(router)
     app.include_router(ops_router)
+    install_openapi(app)
     return app

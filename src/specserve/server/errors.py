@@ -19,8 +19,14 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from starlette.routing import Match
 
-from specserve.engine.async_engine import EngineDeadError, QueueFullError, RequestTimeoutError
+from specserve.engine.async_engine import (
+    EngineDeadError,
+    QueueFullError,
+    RequestFailedError,
+    RequestTimeoutError,
+)
 
 log = logging.getLogger("specserve.server")
 
@@ -113,6 +119,19 @@ def from_validation(errors: Sequence[Mapping[str, Any]]) -> APIError:
     return invalid_request(f"Invalid value for '{param}': {message}", param=param)
 
 
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at the request's path (asked route by route, method by method)."""
+    routes = request.app.router.routes
+    return [
+        method
+        for method in HTTP_METHODS
+        if any(r.matches({**request.scope, "method": method})[0] is Match.FULL for r in routes)
+    ]
+
+
 def install_handlers(app: FastAPI) -> None:
     """Make every error response, including unexpected ones, use the OpenAI body shape."""
 
@@ -124,11 +143,14 @@ def install_handlers(app: FastAPI) -> None:
         assert isinstance(exc, RequestValidationError | ValidationError)
         return from_validation(exc.errors()).response()
 
-    async def on_http(_: Request, exc: Exception) -> Response:
+    async def on_http(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
         codes = {404: "not_found", 405: "method_not_allowed"}
         code = codes.get(exc.status_code, "http_error")
-        return APIError(exc.status_code, str(exc.detail), code=code, headers=exc.headers).response()
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # Starlette names only the first route's methods when a path has several
+            headers["Allow"] = ", ".join(allowed_methods(request))
+        return APIError(exc.status_code, str(exc.detail), code=code, headers=headers).response()
 
     async def on_unexpected(request: Request, exc: Exception) -> Response:
         log.error("unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
@@ -151,6 +173,8 @@ def from_engine_error(exc: BaseException) -> APIError | None:
         return timed_out(f"The request timed out: {exc}.")
     if isinstance(exc, EngineDeadError):
         return unavailable("The engine stopped; see the server log.", "engine_stopped")
+    if isinstance(exc, RequestFailedError):  # logged with its traceback by the engine
+        return internal_error()
     if isinstance(exc, ValueError):  # the engine refused the request (add_request's checks)
         return invalid_request(str(exc))
     return None

@@ -19,6 +19,7 @@ import uvicorn
 from specserve.config import Settings
 from specserve.logging import configure_logging
 from specserve.server.app import create_app
+from specserve.server.connections import bounded_protocol
 from specserve.server.state import ServerState
 
 log = logging.getLogger("specserve.server")
@@ -75,6 +76,7 @@ def serve(settings: Settings) -> int:
         log_level=settings.log_level,
         access_log=False,
         timeout_graceful_shutdown=CONNECTIONS_CLOSE_SECONDS,
+        http=bounded_protocol(settings.client_timeout, settings.max_connections),
     )
     server = GracefulServer(config, state, settings.shutdown_grace_seconds)
 

@@ -21,9 +21,18 @@ at their neutral value and rejected otherwise; any other unknown field is ignore
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, TypeVar
+import typing
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from specserve.engine.sequence import Sequence, SpeculationOptions
 from specserve.request import SamplingParams
@@ -66,14 +75,55 @@ def _same(value: Any, neutral: Any) -> bool:
     return bool(value == neutral)
 
 
+def _integral(value: Any) -> Any:
+    """JSON has one number type: ``1.0`` is the integer 1 (as JSON Schema says), ``1.5`` is not."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# What the validators accept, for the OpenAPI document (the annotations say what they produce).
+STOP_SCHEMA = {
+    "anyOf": [
+        {"type": "string", "minLength": 1, "maxLength": MAX_STOP_LENGTH},
+        {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1, "maxLength": MAX_STOP_LENGTH},
+            "maxItems": MAX_STOP_STRINGS,
+        },
+    ]
+}
+_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+PROMPT_SCHEMA = {
+    "anyOf": [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1},
+        _TOKEN_IDS,
+        {"type": "array", "items": _TOKEN_IDS, "minItems": 1, "maxItems": 1},
+    ]
+}
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
 
     @model_validator(mode="before")
     @classmethod
     def _null_is_default(cls, value: Any) -> Any:
-        """``"field": null`` means the default, as many OpenAI clients send it."""
-        return {k: v for k, v in value.items() if v is not None} if isinstance(value, dict) else value
+        """``"field": null`` means the default, as many OpenAI clients send it; an integral number is an int
+        wherever an int is expected (strict mode alone would refuse ``1.0``)."""
+        if not isinstance(value, dict):
+            return value
+        ints = cls._int_fields()
+        return {k: _integral(v) if k in ints else v for k, v in value.items() if v is not None}
+
+    @classmethod
+    def _int_fields(cls) -> frozenset[str]:
+        return frozenset(
+            name
+            for name, f in cls.model_fields.items()
+            if f.annotation is int or int in typing.get_args(f.annotation)
+        )
 
 
 class SpeculativeRequest(_Strict):
@@ -101,10 +151,10 @@ class SamplingRequest(_Strict):
     top_k: int = Field(0, ge=-1)
     min_p: float = Field(0.0, ge=0.0, le=1.0)
     seed: int | None = Field(None, ge=0, lt=2**63)
-    stop: list[str] = Field(default_factory=list)
+    stop: Annotated[list[str], WithJsonSchema(STOP_SCHEMA)] = Field(default_factory=list)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
+    n: Annotated[int, WithJsonSchema({"type": "integer", "minimum": 1, "maximum": 1})] = 1
     user: str | None = None
     ignore_eos: bool = False
     speculative: SpeculativeRequest | None = None
@@ -177,7 +227,7 @@ class SamplingRequest(_Strict):
 
 
 class CompletionRequest(SamplingRequest):
-    prompt: str | list[int]
+    prompt: Annotated[str | list[int], WithJsonSchema(PROMPT_SCHEMA)]
     """One prompt: a string (a list of one string is unwrapped) or token ids (a list of one list likewise)."""
 
     @field_validator("prompt", mode="before")
@@ -186,12 +236,12 @@ class CompletionRequest(SamplingRequest):
         if isinstance(value, list) and value and all(isinstance(v, str | list) for v in value):
             if len(value) != 1:
                 raise ValueError(f"{len(value)} prompts were given; this server takes one prompt per request")
-            return value[0]
+            value = value[0]
         if isinstance(value, list) and not value:
             raise ValueError("the prompt must not be empty")
         if not isinstance(value, str | list):
             raise ValueError("must be a string, a list of one string, or a list of token ids")
-        return value
+        return [_integral(v) for v in value] if isinstance(value, list) else value
 
 
 class ChatMessage(_Strict):
@@ -320,6 +370,16 @@ class ModelList(BaseModel):
 
 def parse_request(raw: bytes, schema: type[RequestT]) -> RequestT:
     """Decode, parse and validate a request body; every failure is a 400 naming the problem."""
+    body = json_object(raw)
+    check_unsupported(body)
+    try:
+        return schema.model_validate(body)
+    except ValidationError as exc:
+        raise from_validation(exc.errors()) from None
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A body that must be one JSON object; undecodable, malformed or absurdly nested input is a 400."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -334,8 +394,4 @@ def parse_request(raw: bytes, schema: type[RequestT]) -> RequestT:
         raise invalid_request("The request body is not acceptable JSON.") from None
     if not isinstance(body, dict):
         raise invalid_request("The request body must be a JSON object.")
-    check_unsupported(body)
-    try:
-        return schema.model_validate(body)
-    except ValidationError as exc:
-        raise from_validation(exc.errors()) from None
+    return body

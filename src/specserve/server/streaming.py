@@ -99,15 +99,26 @@ class ChunkFormat:
         return response.model_dump()
 
 
+KEEPALIVE = b": waiting\n\n"  # an SSE comment: clients ignore it, connections see traffic
+
+
 async def stream_events(
-    first: Awaitable[RequestOutput], outputs: AsyncIterator[RequestOutput], fmt: ChunkFormat
+    first: asyncio.Task[RequestOutput],
+    outputs: AsyncIterator[RequestOutput],
+    fmt: ChunkFormat,
+    keepalive: float = 5.0,
 ) -> AsyncGenerator[bytes, None]:
-    """The SSE body: ``first`` is the request's first output (already admitted), ``outputs`` the rest."""
+    """The SSE body: ``first`` is the request's first output (already admitted), ``outputs`` the rest.
+
+    Until the first output arrives (waiting for a slot, then the prompt's prefill) an SSE comment every
+    ``keepalive`` seconds keeps clients and proxies with idle timeouts from dropping the request."""
     try:
         opening = fmt.opening()
         if opening is not None:
             yield sse(opening)
-        out = await first
+        while not (await asyncio.wait({first}, timeout=keepalive))[0]:
+            yield KEEPALIVE
+        out = first.result()
         while True:
             if out.text_delta:
                 yield sse(fmt.delta(out.text_delta))

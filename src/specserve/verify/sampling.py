@@ -44,7 +44,12 @@ def filter_logits_to_probs(
     if logits.ndim != 2:
         raise ValueError(f"logits must be [n, vocab], got shape {logits.shape}")
     vocab = logits.shape[1]
-    probs = _softmax(logits.astype(np.float64) / temperature)
+    # Shift before dividing: a tiny temperature then sends every non-maximal logit to -inf instead of
+    # overflowing the maximum itself to inf (inf - inf is NaN; 5e-324 once took the engine down).
+    shifted = logits.astype(np.float64)
+    shifted -= shifted.max(axis=-1, keepdims=True)
+    with np.errstate(over="ignore"):  # -inf is the intended result of an overflow here
+        probs = _softmax(np.divide(shifted, temperature, out=shifted))
     candidate_ids: npt.NDArray[np.int64] | None = None  # [n, m] ascending ids; None: the whole vocabulary
     candidate_probs = probs  # [n, m] float64
     if 0 < top_k < vocab:

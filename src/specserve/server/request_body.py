@@ -1,0 +1,48 @@
+"""Reading a request body under the server's limits (/v1 and /admin): JSON only, a size cap, a time limit."""
+
+from __future__ import annotations
+
+import asyncio
+
+from starlette.requests import Request
+
+from specserve.server.errors import APIError
+
+
+async def read_body(request: Request, limit: int, timeout: float) -> bytes:
+    """The JSON body, refused with 415 if not JSON, 413 past ``limit`` bytes (at once when Content-Length
+    says so), 408 if it takes longer than ``timeout`` seconds to arrive.
+
+    Only ``application/json``: a body a browser can send cross-site without a preflight (text/plain, forms)
+    must not make a keyless localhost server generate."""
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type != "application/json":
+        raise APIError(
+            415,
+            "The request body must be JSON (Content-Type: application/json).",
+            code="unsupported_media_type",
+        )
+    declared = request.headers.get("content-length", "")
+    too_large = declared.isdigit() and int(declared) > limit
+    chunks: list[bytes] = []
+    size = 0
+
+    async def read() -> None:
+        nonlocal size, too_large
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                too_large = True
+                return
+            chunks.append(chunk)
+
+    if not too_large:
+        try:
+            await asyncio.wait_for(read(), timeout)
+        except TimeoutError:
+            raise APIError(
+                408, f"The request body did not arrive within {timeout:g} s.", code="timeout"
+            ) from None
+    if too_large:
+        raise APIError(413, f"The request body exceeds {limit} bytes.", code="request_too_large")
+    return b"".join(chunks)
