@@ -109,8 +109,8 @@ def test_yaml_parses(path: Path) -> None:
 
 def test_yamllint() -> None:
     pytest.importorskip("yamllint")
-    from yamllint import linter
-    from yamllint.config import YamlLintConfig
+    from yamllint import linter  # type: ignore[import-untyped]
+    from yamllint.config import YamlLintConfig  # type: ignore[import-untyped]
 
     config = YamlLintConfig("extends: relaxed\nrules:\n  line-length: {max: 110}\n")
     problems = [
@@ -279,7 +279,8 @@ def lex_promql(expr: str) -> QueryRefs:
 
 @cache
 def dashboard() -> dict[str, Any]:
-    return json.loads(DASHBOARD.read_text())
+    data: dict[str, Any] = json.loads(DASHBOARD.read_text())
+    return data
 
 
 def dashboard_queries() -> list[tuple[str, str]]:

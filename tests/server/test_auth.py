@@ -53,7 +53,8 @@ def test_v1_needs_a_valid_key(authorization: str | None, status: int | None, mes
     if status is None:
         assert error is None
         return
-    assert error is not None and error.status == status and message in error.message
+    assert error is not None and error.status == status and message is not None
+    assert message in error.message
     assert error.body()["error"]["code"] == "invalid_api_key"
     assert error.headers["WWW-Authenticate"].startswith("Bearer")
 

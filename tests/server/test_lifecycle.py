@@ -19,7 +19,7 @@ from specserve.config import Settings
 from specserve.engine.builder import BuildReport, build_engine
 from specserve.engine.engine import SpeculativeEngine
 from specserve.server import create_app
-from specserve.server.app import ServerState
+from specserve.server.state import ServerState
 from specserve.testing.tiny_models import TinyModels
 
 from .process import free_port
