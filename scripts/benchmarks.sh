@@ -14,8 +14,9 @@ LLAMA_SERVER=${LLAMA_SERVER:-$STOCK/llama-server}
 
 $S models pull
 
-# 1. Exact mode cost: target decode calls, exact vs --no-exact, interleaved.
-$S bench --in-process --exact-cost --output-dir "$OUT/exact-cost"
+# 1. Exact mode cost: target decode calls, exact vs --no-exact, 7 interleaved rounds (single rounds move by
+#    a few per cent).
+$S bench --in-process --exact-cost --repeats 7 --output-dir "$OUT/exact-cost"
 
 # 1b. Plain decoding (prompt processing and one-token steps) against llama.cpp's llama-bench, 5 rounds,
 #     every side a fresh process.

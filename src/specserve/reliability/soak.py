@@ -1,0 +1,186 @@
+"""``python -m specserve.reliability.soak``: one server under moderate load for a long time; does it leak?
+
+Starts ``specserve serve`` with ``PYTHONTRACEMALLOC=1`` (and an admin key, for ``GET /admin/heap``), drives
+it with ``--clients`` clients of the load campaign's request mix (``specserve.reliability.load``), and every
+``--interval`` seconds samples the server process: resident memory, open file descriptors and threads from
+``/proc``, and the Python heap traced by tracemalloc. Writes ``soak.json`` and ``soak.png``.
+
+Passes when, after ``--warmup`` seconds, resident memory at the end is within 5 % of memory after warm-up,
+file descriptors and threads are back where they were, and the traced Python heap has not grown by more
+than 5 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from specserve.reliability.load import Tally, one_request
+
+ADMIN_KEY = "soak-admin"
+
+
+def proc_sample(pid: int) -> dict[str, int]:
+    status = Path(f"/proc/{pid}/status").read_text()
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    return {
+        "rss_kib": int(fields["VmRSS"].split()[0]),
+        "threads": int(fields["Threads"]),
+        "fds": len(os.listdir(f"/proc/{pid}/fd")),
+    }
+
+
+async def sampler(
+    client: httpx.AsyncClient,
+    url: str,
+    pid: int,
+    args: argparse.Namespace,
+    started: float,
+    out: list[dict[str, Any]],
+) -> None:
+    while time.monotonic() - started < args.duration:
+        heap = (
+            await client.get(f"{url}/admin/heap", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+        ).json()
+        out.append(
+            {
+                "t": round(time.monotonic() - started, 1),
+                **proc_sample(pid),
+                "heap_bytes": heap.get("traced_bytes"),
+            }
+        )
+        await asyncio.sleep(args.interval)
+
+
+async def drive(client: httpx.AsyncClient, url: str, seed: int, until: float, tally: Tally) -> None:
+    rng = random.Random(seed)
+    while time.monotonic() < until:
+        await one_request(client, url, rng, tally)
+
+
+async def soak(url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
+    samples: list[dict[str, Any]] = []
+    tally = Tally()
+    started = time.monotonic()
+    async with httpx.AsyncClient(timeout=httpx.Timeout(330.0)) as client:
+        await asyncio.gather(
+            sampler(client, url, pid, args, started, samples),
+            *(drive(client, url, args.seed + i, started + args.duration, tally) for i in range(args.clients)),
+        )
+        await asyncio.sleep(2.0)
+        heap = (
+            await client.get(f"{url}/admin/heap", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+        ).json()
+        final = {
+            "t": round(time.monotonic() - started, 1),
+            **proc_sample(pid),
+            "heap_bytes": heap.get("traced_bytes"),
+        }
+    samples.append(final)
+    warm = next(s for s in samples if s["t"] >= args.warmup)
+    growth = {
+        key: (final[key] - warm[key]) / warm[key] if warm[key] else 0.0 for key in ("rss_kib", "heap_bytes")
+    }
+    return {
+        "duration_s": args.duration,
+        "clients": args.clients,
+        "requests": dict(tally.outcomes),
+        "after_warmup": warm,
+        "end": final,
+        "growth": growth,
+        "top_heap_sites_at_end": heap.get("top", [])[:5],
+        "samples": samples,
+        "passed": growth["rss_kib"] <= 0.05
+        and growth["heap_bytes"] <= 0.05
+        and final["fds"] <= warm["fds"]
+        and final["threads"] <= warm["threads"],
+    }
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    samples = report["samples"]
+    t = [s["t"] / 60 for s in samples]
+    fig, axes = plt.subplots(3, 1, figsize=(7, 7), sharex=True)
+    axes[0].plot(t, [s["rss_kib"] / 1024 for s in samples])
+    axes[0].set_ylabel("resident MiB")
+    axes[1].plot(t, [(s["heap_bytes"] or 0) / 2**20 for s in samples])
+    axes[1].set_ylabel("Python heap MiB")
+    axes[2].plot(t, [s["fds"] for s in samples], label="fds")
+    axes[2].plot(t, [s["threads"] for s in samples], label="threads")
+    axes[2].legend()
+    axes[2].set_xlabel("minutes")
+    for ax in axes:
+        ax.axvline(report["after_warmup"]["t"] / 60, color="grey", linestyle=":")
+    fig.suptitle(f"soak: {report['clients']} clients, {report['duration_s'] / 60:g} min")
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specserve.reliability.soak", description=__doc__)
+    parser.add_argument("--duration", type=float, default=3600.0)
+    parser.add_argument("--warmup", type=float, default=300.0)
+    parser.add_argument("--interval", type=float, default=60.0)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--port", type=int, default=8126)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output-dir", default="docs/reliability")
+    parser.add_argument("serve_args", nargs="*", help="Extra arguments for specserve serve (after --).")
+    args = parser.parse_args(argv)
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONTRACEMALLOC": "1", "SPECSERVE_ADMIN_KEY": ADMIN_KEY}
+    command = [
+        sys.executable,
+        "-m",
+        "specserve.cli",
+        "serve",
+        "--port",
+        str(args.port),
+        "--log-level",
+        "warning",
+    ]
+    with open(out / "soak-server.log", "wb") as log:
+        server = subprocess.Popen([*command, *args.serve_args], env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{args.port}"
+    try:
+        while not _ready(url):
+            if server.poll() is not None:
+                raise SystemExit(f"the server exited with {server.returncode}; see {out / 'soak-server.log'}")
+            time.sleep(2)
+        report = asyncio.run(soak(url, server.pid, args))
+    finally:
+        server.send_signal(signal.SIGTERM)
+        code = server.wait(timeout=120)
+    report["server_exit_status"] = code
+    (out / "soak.json").write_text(json.dumps(report, indent=2) + "\n")
+    plot(report, out / "soak.png")
+    print(json.dumps({k: v for k, v in report.items() if k != "samples"}, indent=2))
+    return 0 if report["passed"] and code == 0 else 1
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/ready", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())
