@@ -92,7 +92,8 @@ class Settings:
     )
     client_timeout: float = _setting(
         10.0,
-        "Seconds a client has to send a request's headers, and then its body (slow clients are cut off).",
+        "Seconds a client has to send a request's headers, and then its body; a streaming client that reads "
+        "nothing for 3 times this is cut off and its request cancelled.",
     )
     max_connections: int = _setting(
         256, "Open HTTP connections allowed; more are closed at once (put a proxy in front for more)."

@@ -291,7 +291,3 @@ class PrefixCache:
 
     def slot_tier_bytes(self) -> int:
         return self.slot_tier_tokens() * self.runtime.info.kv_bytes_per_token
-
-    def routing_hashes(self) -> set[bytes]:
-        """Every block hash this cache can serve (for prefix-affinity routing across replicas)."""
-        return set(self._index)

@@ -12,8 +12,8 @@ Clients (``--clients``, 64 by default) loop for ``--duration`` seconds, each req
 A watcher polls ``/ready`` once a second throughout. The audit afterwards, written as JSON:
 
 * the server answers; nothing stuck: ``/v1/internal/state`` shows no running or waiting request;
-* the client-side tally (by outcome) and the server's ``requests_total`` deltas (by outcome) add up to the
-  same number of requests, and the server counted no ``error``;
+* the client-side tally of requests that left the client (by outcome) and the server's ``requests_total``
+  deltas (by outcome) add up to the same number of requests, and the server counted no ``error``;
 * every greedy probe equals the same request run alone, with speculation off.
 """
 
@@ -90,13 +90,22 @@ async def one_request(client: httpx.AsyncClient, url: str, rng: random.Random, t
     patience = 60.0 if max_tokens == 2000 else 300.0
     abandon = rng.random() < 0.05
     drop_after = rng.randint(0, 8) if stream and rng.random() < 0.2 else None
+    sent = False
+
+    async def trace(event: str, info: dict[str, Any]) -> None:
+        nonlocal sent  # the server can only count requests whose body left this client
+        sent = sent or event == "http11.send_request_body.complete"
+
+    extensions = {"trace": trace}
     try:
         async with asyncio.timeout(rng.uniform(0.05, 1.0) if abandon else patience):
             if not stream:
-                response = await client.post(f"{url}/v1/chat/completions", json=body)
+                response = await client.post(f"{url}/v1/chat/completions", json=body, extensions=extensions)
                 tally.outcomes[_classify(response.status_code)] += 1
                 return
-            async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+            async with client.stream(
+                "POST", f"{url}/v1/chat/completions", json=body, extensions=extensions
+            ) as response:
                 if response.status_code != 200:
                     await response.aread()
                     tally.outcomes[_classify(response.status_code)] += 1
@@ -113,7 +122,8 @@ async def one_request(client: httpx.AsyncClient, url: str, rng: random.Random, t
                             return
                 tally.outcomes["success"] += 1
     except TimeoutError:
-        tally.outcomes["client_abandoned" if abandon else "client_gave_up"] += 1
+        kind = "client_abandoned" if abandon else "client_gave_up"
+        tally.outcomes[kind if sent else f"{kind}_unsent"] += 1
     except httpx.HTTPError as exc:
         tally.outcomes["transport_error"] += 1
         tally.errors.append(f"{type(exc).__name__}: {exc}")
@@ -175,12 +185,12 @@ async def campaign(args: argparse.Namespace) -> dict[str, Any]:
             alone = (await client.post(f"{url}/v1/completions", json=body)).json()["choices"][0]["text"]
             if alone != text:
                 mismatches.append({"prompt": prompt[:60], "speculation": spec, "load": text, "alone": alone})
-    client_total = sum(tally.outcomes.values())
+    client_total = sum(n for kind, n in tally.outcomes.items() if not kind.endswith("_unsent"))
     report = {
         "duration_s": round(elapsed, 1),
         "clients": args.clients,
         "client_outcomes": dict(tally.outcomes),
-        "client_requests": client_total,
+        "client_requests_sent": client_total,
         "server_outcomes": server,
         "server_requests": sum(server.values()),
         "ready_polls": tally.ready_polls,

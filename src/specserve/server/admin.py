@@ -19,8 +19,7 @@ from starlette.responses import Response
 from specserve.engine.async_engine import AsyncEngine, EngineDeadError
 from specserve.metrics import speculation_active
 from specserve.server.errors import from_validation, unavailable
-from specserve.server.protocol import json_object
-from specserve.server.request_body import read_body
+from specserve.server.request_body import json_object, read_body
 
 if TYPE_CHECKING:
     from specserve.server.state import ServerState

@@ -121,6 +121,7 @@ async def generate(request: Request, chat: bool) -> Response:
         return EventStreamResponse(
             stream_events(first, outputs, fmt, state.settings.stream_keepalive),
             partial(release_request, first, outputs),
+            stall_timeout=state.settings.client_timeout * 3,
         )
     text, out = await collect(request, engine, request_id, first, outputs)
     return JSONResponse(fmt.response(text, out))

@@ -20,7 +20,6 @@ at their neutral value and rejected otherwise; any other unknown field is ignore
 
 from __future__ import annotations
 
-import json
 import typing
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -37,6 +36,7 @@ from pydantic import (
 from specserve.engine.sequence import Sequence, SpeculationOptions
 from specserve.request import SamplingParams
 from specserve.server.errors import from_validation, invalid_request
+from specserve.server.request_body import json_object
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
@@ -376,22 +376,3 @@ def parse_request(raw: bytes, schema: type[RequestT]) -> RequestT:
         return schema.model_validate(body)
     except ValidationError as exc:
         raise from_validation(exc.errors()) from None
-
-
-def json_object(raw: bytes) -> dict[str, Any]:
-    """A body that must be one JSON object; undecodable, malformed or absurdly nested input is a 400."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise invalid_request(
-            f"The request body is not valid UTF-8 (bad byte at offset {exc.start})."
-        ) from None
-    try:
-        body = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise invalid_request(f"The request body is not valid JSON: {exc.msg} (line {exc.lineno}).") from None
-    except (ValueError, RecursionError):  # e.g. an integer with thousands of digits, or absurd nesting
-        raise invalid_request("The request body is not acceptable JSON.") from None
-    if not isinstance(body, dict):
-        raise invalid_request("The request body must be a JSON object.")
-    return body

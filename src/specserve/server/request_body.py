@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from typing import Any
 
 from starlette.requests import Request
 
-from specserve.server.errors import APIError
+from specserve.server.errors import APIError, invalid_request
 
 
 async def read_body(request: Request, limit: int, timeout: float) -> bytes:
@@ -46,3 +48,22 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytes:
     if too_large:
         raise APIError(413, f"The request body exceeds {limit} bytes.", code="request_too_large")
     return b"".join(chunks)
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A body that must be one JSON object; undecodable, malformed or absurdly nested input is a 400."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise invalid_request(
+            f"The request body is not valid UTF-8 (bad byte at offset {exc.start})."
+        ) from None
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise invalid_request(f"The request body is not valid JSON: {exc.msg} (line {exc.lineno}).") from None
+    except (ValueError, RecursionError):  # e.g. an integer with thousands of digits, or absurd nesting
+        raise invalid_request("The request body is not acceptable JSON.") from None
+    if not isinstance(body, dict):
+        raise invalid_request("The request body must be a JSON object.")
+    return body

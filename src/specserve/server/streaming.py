@@ -22,7 +22,7 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine import RequestOutput
@@ -139,22 +139,47 @@ async def stream_events(
     yield DONE
 
 
+class _StalledClient(Exception):
+    """The client read nothing for the stall timeout."""
+
+
 class EventStreamResponse(StreamingResponse):
     """A ``text/event-stream`` response that always releases the engine request when it ends.
 
     Starlette cancels the stream on disconnect but never closes the body iterator; a generator that was
     suspended at a ``yield`` (or never started) would keep its request running. ``release`` fixes that.
+
+    A client that stops reading stalls ``send`` once the socket buffers are full; after ``stall_timeout``
+    seconds of that the stream is given up (and its request aborted), so a slow reader holds neither a
+    slot nor a growing buffer until the request timeout.
     """
 
-    def __init__(self, events: AsyncGenerator[bytes, None], release: Callable[[], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        events: AsyncGenerator[bytes, None],
+        release: Callable[[], Awaitable[None]],
+        stall_timeout: float = 30.0,
+    ) -> None:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         super().__init__(events, media_type="text/event-stream", headers=headers)
         self._events = events
         self._release = release
+        self._stall_timeout = stall_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def bounded_send(message: Message) -> None:
+            try:
+                await asyncio.wait_for(send(message), self._stall_timeout)
+            except TimeoutError:
+                log.warning(
+                    "a streaming client read nothing for %g s; its request is cancelled", self._stall_timeout
+                )
+                raise _StalledClient from None
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, bounded_send)
+        except _StalledClient:
+            pass  # nothing more can be sent to it; the request is released below
         finally:
             await self._events.aclose()
             await self._release()
