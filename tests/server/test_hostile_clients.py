@@ -103,6 +103,29 @@ def test_slow_body_is_408_regression_slow_body(strict: ServerProcess) -> None:
     assert reply.startswith(b"HTTP/1.1 408") and b'"code":"timeout"' in reply.replace(b" ", b"")
 
 
+def test_client_gone_mid_body_is_aborted_not_an_error_regression_disconnect_during_body(
+    strict: ServerProcess,
+) -> None:
+    # Found by the load campaign: a client abandoned while its body was still on the way made a 500 and a
+    # traceback (Starlette's ClientDisconnect out of the body reader).
+    def errors() -> float:
+        text = httpx.get(f"{strict.url}/metrics", timeout=5).text
+        line = next(x for x in text.splitlines() if x.startswith('specserve:requests_total{outcome="error"}'))
+        return float(line.split()[-1])
+
+    before = errors()
+    with _connect(strict) as sock:
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 1000\r\n\r\n{"prompt": "x'
+        )
+        time.sleep(0.2)
+    time.sleep(0.5)
+    assert errors() == before
+    assert "Traceback" not in strict.log()
+    assert httpx.get(f"{strict.url}/health", timeout=5).status_code == 200
+
+
 def test_admin_body_has_the_v1_checks_regression_admin_body(strict: ServerProcess) -> None:
     url = f"{strict.url}/admin/speculation"
     nested = b"[" * 100_000 + b"]" * 100_000

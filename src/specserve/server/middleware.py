@@ -89,6 +89,8 @@ def outcome(record: RequestRecord) -> str:
         return "success" if finished else "aborted"
     if status == 429:
         return "rejected_429"
+    if status == 499:  # the client left while sending its request (server/request_body.py)
+        return "aborted"
     if status == 504:
         return "timed_out"
     if status in (401, 403):

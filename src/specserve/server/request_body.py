@@ -6,9 +6,11 @@ import asyncio
 import json
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from specserve.server.errors import APIError, invalid_request
+
+CLIENT_CLOSED = 499  # nginx's status for a request its client abandoned; never seen by that client
 
 
 async def read_body(request: Request, limit: int, timeout: float) -> bytes:
@@ -41,6 +43,10 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytes:
     if not too_large:
         try:
             await asyncio.wait_for(read(), timeout)
+        except ClientDisconnect:  # gone while sending: nobody to answer, nothing to log but the outcome
+            raise APIError(
+                CLIENT_CLOSED, "The client closed the request.", code="client_closed_request"
+            ) from None
         except TimeoutError:
             raise APIError(
                 408, f"The request body did not arrive within {timeout:g} s.", code="timeout"
