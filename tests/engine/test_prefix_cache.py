@@ -227,3 +227,21 @@ def test_draft_model_starts_from_its_slots_leftover(tiny_models: TinyModels) -> 
             engine.step()
     with make_engine(tiny_models.target, cache=False, draft=tiny_models.draft_close) as engine:
         assert run(engine, [turn2], drafter="draft-model")[0].output_ids == seq.output_ids
+
+
+def test_a_candidate_evicted_by_the_victims_save_is_skipped_regression_soak_keyerror(
+    tiny_models: TinyModels,
+) -> None:
+    # Found by the soak: the host blob holding a request's prefix was evicted (LRU) to make room for the
+    # chosen slot's own save, then looked up: KeyError, and the engine thread died.
+    with make_engine(tiny_models.target, slots=1) as engine:
+        cache = engine.prefix_cache
+        assert cache is not None
+        a = engine.target.tokenize(TEXT)
+        b = engine.target.tokenize("#" + TEXT)  # as long as a, another prefix
+        run(engine, [a, b])  # a's KV is saved to the host tier when b takes the only slot
+        (blob,) = [h.blob for h in cache._holders.values() if h.slot < 0]
+        cache.host_bytes = int(len(blob) * 1.5)  # room for one blob: saving b's evicts a's
+        (c,) = run(engine, [[*a, 5]])
+        assert c.cached_tokens == 0 and c.finish_reason == "length"  # a cold run, not a dead engine
+    assert c.output_ids == cold(tiny_models.target, [*a, 5])

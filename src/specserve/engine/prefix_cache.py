@@ -117,7 +117,19 @@ class PrefixCache:
     def admit(self, seq: Sequence, free_slots: Seq[int]) -> int:
         """Choose ``seq``'s slot among ``free_slots`` and fill it with its longest cached prefix.
 
-        Sets ``seq.num_computed`` and ``seq.cached_tokens``; returns the slot."""
+        Sets ``seq.num_computed`` and ``seq.cached_tokens``; returns the slot. The cache never fails a
+        request: if admission breaks (a bug), the request runs cold in an emptied slot."""
+        try:
+            return self._admit(seq, free_slots)
+        except Exception:
+            log.exception("prefix cache: admission of %s failed; it runs without the cache", seq.request_id)
+            slot = free_slots[-1]
+            self._forget_slot(slot)
+            self.runtime.free(slot)
+            seq.num_computed = seq.cached_tokens = 0
+            return slot
+
+    def _admit(self, seq: Sequence, free_slots: Seq[int]) -> int:
         prompt = seq.prompt_ids[:-1]  # the last prompt token is evaluated: its logits give the first token
         hashes = block_hashes(prompt, seq.cache_salt, self.block_size)
         depth, found = self._longest(hashes)
@@ -135,8 +147,9 @@ class PrefixCache:
             self.runtime.truncate(slot, length)
             hit = CacheHit(length, "slot")
         else:
-            self._spill(slot, keep=0)
+            self._spill(slot, keep=0)  # may evict host blobs, candidates among them
             self.runtime.free(slot)
+            holders = {h for h in holders if h in self._holders}
             # Copying from a slot is a memcpy; loading a host blob also checks it first.
             for holder_id in sorted(holders, key=lambda h: self._holders[h].slot < 0):
                 source = "copy" if self._holders[holder_id].slot >= 0 else "host"
