@@ -217,26 +217,26 @@ class PrefixCache:
 
     def prefilled(self, seq: Sequence) -> None:
         """``seq`` finished its prompt: later requests may copy the reusable part while it runs."""
-        self._forget_slot(seq.slot)
-        tokens = self._reusable(seq)
-        if len(tokens) >= self.block_size:
-            self._register_slot(seq.slot, block_hashes(tokens, seq.cache_salt, self.block_size), tokens)
+        self._hold(seq)
 
     def release(self, seq: Sequence, reusable: bool = True) -> None:
         """``seq`` ended: its KV stays in its slot for later requests (or is freed if none is reusable)."""
-        self._forget_slot(seq.slot)
-        tokens = self._reusable(seq) if reusable else []
-        if len(tokens) >= self.block_size:
-            self._register_slot(seq.slot, block_hashes(tokens, seq.cache_salt, self.block_size), tokens)
-        else:
+        if not (reusable and self._hold(seq)):
+            self._forget_slot(seq.slot)
             self.runtime.free(seq.slot)
 
-    def _reusable(self, seq: Sequence) -> list[int]:
-        """The tokens of ``seq`` whose KV a later request may reuse (see the module docstring)."""
+    def _hold(self, seq: Sequence) -> bool:
+        """Register what ``seq``'s slot holds that a later request may reuse (see the module docstring);
+        False if that is less than a block."""
+        self._forget_slot(seq.slot)
         reusable = seq.num_computed
         if self.grid is not None:
             reusable = min(reusable, len(seq.prompt_ids)) // self.grid * self.grid
-        return seq.tokens[:reusable]
+        tokens = seq.tokens[:reusable]
+        if len(tokens) < self.block_size:
+            return False
+        self._register_slot(seq.slot, block_hashes(tokens, seq.cache_salt, self.block_size), tokens)
+        return True
 
     def _register_slot(self, slot: int, hashes: list[bytes], tokens: list[int]) -> None:
         self._slot_holder[slot] = self._add(_Holder(hashes, tokens, slot=slot))
