@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from specserve.backends.base import ModelRuntime
+from specserve.backends.base import Vocabulary
 
 # Used when a model ships no template: ChatML, the format of the Qwen family.
 CHATML = (
@@ -21,7 +21,7 @@ class ChatTemplateError(ValueError):
     """The messages cannot be rendered (bad roles or contents, or a template error)."""
 
 
-def render_chat(runtime: ModelRuntime, messages: Sequence[Mapping[str, Any]]) -> str:
+def render_chat(runtime: Vocabulary, messages: Sequence[Mapping[str, Any]]) -> str:
     """The prompt text for ``messages`` followed by the assistant's turn opener."""
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -55,7 +55,7 @@ def render_chat(runtime: ModelRuntime, messages: Sequence[Mapping[str, Any]]) ->
 _MARK = re.compile("\ue000([0-9]+)\ue001")
 
 
-def chat_prompt_ids(runtime: ModelRuntime, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+def chat_prompt_ids(runtime: Vocabulary, messages: Sequence[Mapping[str, Any]]) -> list[int]:
     """Token ids of the chat prompt: control tokens come from the template only.
 
     Tokenizing the rendered text with special-token parsing would turn a message that contains

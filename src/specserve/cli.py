@@ -103,9 +103,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "models":
             return _models(args)
         if args.command == "serve":
+            settings = load_settings(args, config_file=args.config)
+            if settings.replicas > 0:
+                return _serve_replicas(settings)
             from specserve.server.main import serve
 
-            return serve(load_settings(args, config_file=args.config))
+            return serve(settings)
         if args.command == "config" and args.action == "docs":
             from specserve.config_docs import settings_table
 
@@ -128,6 +131,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             _fail(str(exc))
         raise
     return 1
+
+
+def _serve_replicas(settings: Settings) -> int:
+    """Ray Serve: N engine replicas behind one endpoint (specserve.rayserve), if the extra is installed."""
+    from specserve.rayserve import require_ray
+
+    try:
+        require_ray()
+    except RuntimeError as exc:
+        raise CliError(str(exc)) from None
+    from specserve.logging import configure_logging
+    from specserve.rayserve.app import run
+
+    configure_logging(settings.log_level, settings.log_format)
+    return run(settings)
 
 
 def _planned_exactness(exact: bool) -> dict[str, object]:

@@ -101,6 +101,15 @@ class Settings:
     shutdown_grace_seconds: float = _setting(
         30.0, "On SIGTERM, seconds in-flight requests may take to finish before the server exits."
     )
+    # -- scale-out (Ray Serve; needs the extra: pip install 'specserve[ray]')
+    replicas: int = _setting(
+        0,
+        "Engine replicas behind one endpoint on Ray Serve (0 = the single-process server). Each replica runs "
+        "its own engine with --threads threads (default 1 here) and reserves that many Ray CPUs.",
+    )
+    ray_address: str | None = _setting(
+        None, "Ray cluster to join with --replicas (e.g. ray://head:10001 or auto; default: start one here)."
+    )
     # -- operations
     log_format: Literal["json", "text"] = _setting("json", "Server log lines: json objects or text.")
     log_level: Literal["debug", "info", "warning", "error"] = _setting(
@@ -143,6 +152,7 @@ class Settings:
             "shutdown_grace_seconds",
             "rate_limit_per_minute",
             "prefix_cache_ram",
+            "replicas",
         ):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -236,13 +246,17 @@ def load_settings(
     args: argparse.Namespace | None = None,
     env: Mapping[str, str] | None = None,
     config_file: str | Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> Settings:
-    """Merge defaults < config file < environment < flags, then validate."""
+    """Merge defaults < config file (or ``overrides``, a mapping in its format) < environment < flags,
+    then validate."""
     hints = _hints()
     env = os.environ if env is None else env
     values: dict[str, Any] = {}
     if config_file is not None:
         values.update(_read_file(Path(config_file)))
+    if overrides is not None:
+        values.update(settings_mapping(overrides, "settings"))
     for f in dataclasses.fields(Settings):
         if env_name(f.name) in env:
             values[f.name] = env[env_name(f.name)]
@@ -261,14 +275,19 @@ def _read_file(path: Path) -> dict[str, Any]:
         raise SettingsError(f"config file {path}: {exc}") from exc
     if not isinstance(data, dict):
         raise SettingsError(f"config file {path}: expected a mapping of settings")
+    return settings_mapping(data, f"config file {path}")
+
+
+def settings_mapping(data: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """Settings by field name from a config mapping (keys may use dashes); secrets are refused."""
     known = {f.name for f in dataclasses.fields(Settings)}
     flat: dict[str, Any] = {}
     for key, value in data.items():
         name = str(key).replace("-", "_")
         if name not in known:
-            raise SettingsError(f"config file {path}: unknown setting {key!r}")
+            raise SettingsError(f"{source}: unknown setting {key!r}")
         if name in _secrets():
-            raise SettingsError(f"config file {path}: {key!r} is a secret; set {env_name(name)} instead")
+            raise SettingsError(f"{source}: {key!r} is a secret; set {env_name(name)} instead")
         flat[name] = value
     return flat
 

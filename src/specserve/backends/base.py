@@ -13,7 +13,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -76,6 +76,18 @@ class RuntimeInfo:
     """Why this mode: the self-check's outcome, or why it fell back to ``capped``."""
     kv_bytes_per_token: int = 0
     """KV cache bytes one token of one sequence takes (an estimate; 0 if unknown)."""
+
+
+class Vocabulary(Protocol):
+    """What tokenizing and chat templating need: a ModelRuntime, or a vocabulary loaded alone."""
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
+
+    def token_bytes(self, token_id: int) -> bytes: ...
+
+    def chat_template(self) -> str | None: ...
+
+    def special_token_text(self, which: str) -> str: ...
 
 
 class ModelRuntime(ABC):

@@ -45,6 +45,7 @@ from specserve.backends.base import (
     RuntimeInfo,
 )
 from specserve.backends.invariance import check_batch_invariance
+from specserve.backends.llama_cpp_vocab import VocabularyMethods
 
 # Capped exact mode: ggml's CPU backend switches K-quant matrix products to a tiled kernel at 8 rows
 # (ggml-cpu/tiled/tiled.cpp, ggml_tiled_min_batch); below that, without repacking, every row goes through the
@@ -59,7 +60,7 @@ _GGML_LOG_CONT = 5
 log = logging.getLogger("specserve.llama_cpp")
 
 
-def _llama() -> Any:
+def llama_lib() -> Any:
     """Import llama_cpp lazily (it loads a shared library) and initialise the backend once."""
     global _BACKEND_READY, _LOG_CALLBACK
     import llama_cpp
@@ -93,11 +94,11 @@ def _kv_bytes_per_token(lib: Any, model: Any) -> int:
 
 def build_is_batch_invariant() -> bool:
     """Whether the loaded llama.cpp was built with the batch-invariant patch (ggml CPU feature)."""
-    features = _llama().llama_print_system_info().decode(errors="replace")
+    features = llama_lib().llama_print_system_info().decode(errors="replace")
     return "BATCH_INVARIANT = 1" in features
 
 
-class LlamaCppRuntime(ModelRuntime):
+class LlamaCppRuntime(VocabularyMethods, ModelRuntime):
     """A GGUF model in llama.cpp with ``max_sequences`` independent KV streams."""
 
     def __init__(
@@ -121,7 +122,7 @@ class LlamaCppRuntime(ModelRuntime):
             check_gguf_file(path)
         except GGUFFileError as exc:
             raise ModelLoadError(str(exc)) from exc
-        self._lib = _llama()
+        self._lib = llama_lib()
         self._path = path
         self._options = (context_per_sequence, max_sequences, n_threads or max(1, os.cpu_count() or 1))
         self._gpu_layers = n_gpu_layers
@@ -209,44 +210,6 @@ class LlamaCppRuntime(ModelRuntime):
         self._want_logits = np.ctypeslib.as_array(self._batch.logits, shape=(self._capacity,))
         self._n_seq_id[:] = 1
         self._closed = False
-
-    # -- vocabulary -------------------------------------------------------------------------------
-
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        data = text.encode("utf-8")
-        size = len(data) + 16
-        for _ in range(2):
-            buf = (ctypes.c_int32 * size)()
-            n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, size, add_special, parse_special)
-            if n >= 0:
-                return list(buf[:n])
-            size = -n
-        raise DecodeError("tokenization failed")
-
-    def token_bytes(self, token_id: int) -> bytes:
-        piece = self._piece_cache.get(token_id)
-        if piece is None:
-            buf = ctypes.create_string_buffer(256)
-            n = self._lib.llama_token_to_piece(self._vocab, token_id, buf, 256, 0, True)
-            piece = buf.raw[: max(n, 0)]
-            self._piece_cache[token_id] = piece
-        return piece
-
-    def is_eog(self, token_id: int) -> bool:
-        eog = self._eog_cache.get(token_id)
-        if eog is None:
-            eog = bool(self._lib.llama_vocab_is_eog(self._vocab, token_id))
-            self._eog_cache[token_id] = eog
-        return eog
-
-    def chat_template(self) -> str | None:
-        raw = self._lib.llama_model_chat_template(self._model, None)
-        return raw.decode("utf-8", errors="replace") if raw else None
-
-    def special_token_text(self, which: str) -> str:
-        fn = {"bos": self._lib.llama_vocab_bos, "eos": self._lib.llama_vocab_eos}[which]
-        token = int(fn(self._vocab))
-        return self.token_bytes(token).decode("utf-8", errors="replace") if token >= 0 else ""
 
     # -- evaluation -------------------------------------------------------------------------------
 

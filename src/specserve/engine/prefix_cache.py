@@ -50,6 +50,11 @@ def block_hashes(tokens: Seq[int], salt: str = "", block_size: int = BLOCK_SIZE)
     return hashes
 
 
+def routing_key(block_hash: bytes) -> int:
+    """A block hash as a 64-bit int: compact enough for replicas to report thousands to a router."""
+    return int.from_bytes(block_hash[:8], "little")
+
+
 @dataclass
 class _Holder:
     """KV of a prefix: in a slot (``slot >= 0``) or in a host blob."""
@@ -304,3 +309,9 @@ class PrefixCache:
 
     def slot_tier_bytes(self) -> int:
         return self.slot_tier_tokens() * self.runtime.info.kv_bytes_per_token
+
+    # -- routing ----------------------------------------------------------------------------------
+
+    def held_hashes(self) -> list[bytes]:
+        """Every block hash some holder can serve (engine thread only: the index changes under it)."""
+        return list(self._index)

@@ -59,7 +59,7 @@ class ServerState:
         self._closed = False
 
     def start_loading(self) -> None:
-        threading.Thread(target=self._load, name="specserve-loader", daemon=True).start()
+        threading.Thread(target=self.load, name="specserve-loader", daemon=True).start()
 
     def _build(self) -> tuple[SpeculativeEngine, BuildReport | None]:
         factory = self._factory
@@ -68,7 +68,8 @@ class ServerState:
         result = (factory or build_engine)(self.settings)
         return result if isinstance(result, tuple) else (result, None)
 
-    def _load(self) -> None:
+    def load(self) -> None:
+        """Build the engine here and now (start_loading does it on a thread)."""
         try:
             engine, report = self._build()
         except Exception as exc:

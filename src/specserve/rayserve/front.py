@@ -1,0 +1,289 @@
+"""The front deployment: the one HTTP entry point, handing each request to an engine replica.
+
+The front checks what it can without a model — access (API keys, rate limits), body size, content type and
+the request's schema, with the server's own code — tokenizes the prompt with the target's vocabulary alone to
+compute its prefix-cache block hashes, and passes the request to the engine deployment, whose router picks the
+replica (:mod:`specserve.rayserve.router`). The replica's response is relayed as it comes, SSE included.
+
+A replica that dies mid-request: a stream that already started ends with an SSE error event and a closed
+stream; a request that had not started gets 503 ``replica_failed`` (its client may retry: Serve routes the
+retry to a live replica). ``/ready`` counts ready replicas, ``/metrics`` gathers every replica's metrics
+labelled ``replica``, and ``POST /admin/speculation`` reaches every replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from specserve.backends.llama_cpp_vocab import LlamaCppVocabulary
+from specserve.chat import chat_prompt_ids
+from specserve.config import Settings
+from specserve.engine.prefix_cache import block_hashes, routing_key
+from specserve.rayserve import ROUTERS
+from specserve.rayserve.asgi_bridge import HTTPCall, Part
+from specserve.rayserve.metrics_merge import FrontMetrics, merge_expositions
+from specserve.server import protocol as p
+from specserve.server.auth import AccessControl
+from specserve.server.errors import APIError, install_handlers, unavailable
+from specserve.server.request_body import read_body
+
+log = logging.getLogger("specserve.rayserve")
+
+GENERATION = frozenset({"/v1/completions", "/v1/chat/completions"})
+PIN_TIMEOUT_S = 10.0
+STATUS_TTL_S = 2.0
+
+
+def replica_ids() -> list[str]:
+    """The engine replicas this process's router knows to be running."""
+    return sorted({rid.unique_id for router in ROUTERS for rid in router.curr_replicas})
+
+
+@dataclass
+class ReplicaCounts:
+    ready: int
+    desired: int
+
+
+class Front:
+    """What the front's routes share (set on ``app.state.front``)."""
+
+    def __init__(self, settings: Settings, engine: Any, engine_name: str, desired: int) -> None:
+        from specserve.models import ModelStore
+
+        self.settings = settings
+        self.engine = engine.options(stream=True)
+        self.engine_name = engine_name
+        self.access = AccessControl(settings)
+        store = ModelStore(None if settings.model_dir is None else Path(settings.model_dir))
+        self.vocab = LlamaCppVocabulary(store.resolve(settings.target))
+        self.metrics = FrontMetrics()
+        self._desired = desired
+        self._counts = ReplicaCounts(0, desired)
+        self._counted_at = 0.0
+
+    # -- routing key ------------------------------------------------------------------------------
+
+    def routing_hashes(self, path: str, raw: bytes, authorization: str | None) -> list[int]:
+        """The prompt's block hashes (the replica's prefix cache computes the same); validates the body."""
+        req: p.CompletionRequest | p.ChatCompletionRequest
+        if path == "/v1/chat/completions":
+            req = p.parse_request(raw, p.ChatCompletionRequest)
+            ids = chat_prompt_ids(self.vocab, req.chat_messages())
+        else:
+            req = p.parse_request(raw, p.CompletionRequest)
+            ids = self.vocab.tokenize(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
+        salt = self.access.cache_salt(authorization, req.cache_salt)
+        return [routing_key(h) for h in block_hashes(ids, salt)]
+
+    # -- replicas ---------------------------------------------------------------------------------
+
+    async def counts(self) -> ReplicaCounts:
+        """Ready replicas (running, as the router sees them) and the number Serve is aiming for."""
+        now = time.monotonic()
+        if now - self._counted_at > STATUS_TTL_S:
+            self._counted_at = now
+            desired = await asyncio.to_thread(self._desired_from_serve)
+            self._counts = ReplicaCounts(len(replica_ids()), desired)
+        return self._counts
+
+    def _desired_from_serve(self) -> int:
+        from ray import serve
+
+        try:
+            for application in serve.status().applications.values():
+                deployment = application.deployments.get(self.engine_name)
+                if deployment is not None:
+                    return sum(n for state, n in deployment.replica_states.items() if state != "STOPPING")
+        except Exception as exc:  # the controller is busy or restarting: keep the configured figure
+            log.debug("serve.status() failed: %s", exc)
+        return self._desired
+
+    async def pinned(self, replica: str, call: HTTPCall) -> tuple[int, bytes]:
+        """Run ``call`` on one given replica; (status, body)."""
+        call.pin = replica
+        status, chunks = 0, []
+
+        async def run() -> None:
+            nonlocal status
+            async for part in self.engine.handle.remote(call):
+                if part.start:
+                    status = part.status
+                else:
+                    chunks.append(part.body)
+
+        await asyncio.wait_for(run(), PIN_TIMEOUT_S)
+        return status, b"".join(chunks)
+
+
+def incoming_call(request: Request, body: bytes, request_id: str) -> HTTPCall:
+    headers = [(k, v) for k, v in request.scope["headers"] if k.lower() != b"x-request-id"]
+    client = request.client
+    return HTTPCall(
+        method=request.method,
+        path=request.url.path,
+        query=request.scope.get("query_string", b""),
+        headers=[*headers, (b"x-request-id", request_id.encode())],
+        body=body,
+        client=(client.host, client.port) if client is not None else None,
+    )
+
+
+class RelayResponse(Response):
+    """The replica's response, relayed part by part; a replica lost mid-stream ends the stream cleanly."""
+
+    def __init__(self, first: Part, rest: AsyncIterator[Part], cancel: Any) -> None:
+        self.first, self.rest, self.cancel = first, rest, cancel
+        self.status_code = first.status
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Serve's proxy sets its own X-Request-ID (the same id: the front passed it on).
+        dropped = (b"content-length", b"x-request-id")
+        headers = [(k, v) for k, v in self.first.headers if k.lower() not in dropped]
+        sse = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
+        await send({"type": "http.response.start", "status": self.status_code, "headers": headers})
+        try:
+            async for part in self.rest:
+                await send({"type": "http.response.body", "body": part.body, "more_body": True})
+                if not part.more:
+                    break
+        except Exception as exc:
+            log.warning("replica lost during a response: %s", exc)
+            if sse:
+                error = replica_failed("The replica serving this stream failed; retry the request.")
+                event = f"data: {json.dumps(error.body())}\n\n".encode()
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+        finally:
+            self.cancel()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def replica_failed(message: str) -> APIError:
+    return APIError(503, message, "server_error", code="replica_failed", headers={"Retry-After": "1"})
+
+
+async def relay(front: Front, call: HTTPCall) -> Response:
+    """Send ``call`` to a replica; errors before the response starts become OpenAI errors."""
+    from ray.serve.exceptions import BackPressureError
+
+    responses = front.engine.handle.remote(call)
+    try:
+        first = await responses.__anext__()
+    except BackPressureError:
+        raise APIError(
+            429, "All replicas are busy and the front's queue is full; retry later.", "server_error",
+            code="queue_full", headers={"Retry-After": "1"},
+        ) from None  # fmt: skip
+    except asyncio.CancelledError:
+        responses.cancel()
+        raise
+    except Exception as exc:
+        log.warning("replica failed before responding: %s", exc)
+        raise replica_failed("The replica serving this request failed; retry the request.") from None
+    front.metrics.routed(first.headers)
+    return RelayResponse(first, responses, responses.cancel)
+
+
+class AccessMiddleware:
+    """API keys, admin key and rate limits, checked before anything reaches a replica (pure ASGI: streams
+    pass through untouched)."""
+
+    def __init__(self, app: ASGIApp, access: AccessControl) -> None:
+        self.app, self.access = app, access
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            request = Request(scope)
+            client = request.client.host if request.client is not None else ""
+            error = self.access.check(request.url.path, request.headers.get("authorization"), client)
+            if error is not None:
+                await error.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_front_app(front: Front) -> FastAPI:
+    app = FastAPI(title="specserve (Ray Serve front)", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.front = front
+    install_handlers(app)
+
+    app.add_middleware(AccessMiddleware, access=front.access)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        counts = await front.counts()
+        body = {
+            "status": "ready" if counts.ready else "unavailable",
+            "replicas_ready": counts.ready,
+            "replicas_desired": counts.desired,
+            "replicas": replica_ids(),
+        }
+        return JSONResponse(body, status_code=200 if counts.ready else 503)
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        counts = await front.counts()
+        front.metrics.set_replicas(counts.ready, counts.desired)
+        per_replica: dict[str, bytes] = {}
+        for replica in replica_ids():
+            call = incoming_call(request, b"", uuid.uuid4().hex)
+            try:
+                status, body = await front.pinned(replica, call)
+            except Exception as exc:  # a replica going away while scraped: the others still report
+                log.warning("metrics of replica %s: %s", replica, exc)
+                continue
+            if status == 200:
+                per_replica[replica] = body
+        text, content_type = merge_expositions(front.metrics.render(), per_replica)
+        return Response(text, media_type=content_type)
+
+    @app.post("/admin/speculation")
+    async def speculation(request: Request) -> Response:
+        raw = await read_body(request, front.settings.max_request_bytes, front.settings.client_timeout)
+        results: dict[str, Any] = {}
+        for replica in replica_ids():
+            status, body = await front.pinned(replica, incoming_call(request, raw, uuid.uuid4().hex))
+            results[replica] = {"status": status, "response": json.loads(body or b"null")}
+        if not results:
+            raise unavailable("No engine replica is ready.", "no_replicas")
+        statuses = {r["status"] for r in results.values()}
+        return JSONResponse({"replicas": results}, status_code=max(statuses))
+
+    @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"])
+    async def forward(request: Request, path: str) -> Response:
+        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        if request.url.path in GENERATION and request.method == "POST":
+            settings = front.settings
+            raw = await read_body(request, settings.max_request_bytes, settings.client_timeout)
+            call = incoming_call(request, raw, request_id)
+            try:
+                call.block_hashes = front.routing_hashes(
+                    request.url.path, raw, request.headers.get("authorization")
+                )
+            except APIError:
+                raise
+            except Exception as exc:  # routing is best effort; the replica's own checks answer the request
+                log.debug("no routing key: %s", exc)
+        else:
+            call = incoming_call(request, await request.body(), request_id)
+        return await relay(front, call)
+
+    return app

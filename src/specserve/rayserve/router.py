@@ -1,0 +1,141 @@
+"""Prefix-affinity routing on the prefix cache's own block hashes (a Serve ``RequestRouter``).
+
+Each replica reports the hashes of the blocks its prefix cache can serve (``record_routing_stats``); the
+front puts the chained block hashes of a request's prompt tokens (same tokenizer, same cache salt) on the
+call. Because block i's hash names the whole prefix up to block i, the deepest of the request's hashes that
+a replica holds is exactly how many prompt blocks it would not have to prefill — no character-level
+approximation. Between two stats reports, hashes routed to a replica count as held by it, so the second
+request of a conversation follows the first before the cache has reported anything.
+
+Load stays balanced: the best-matching replica is chosen only while its queue is at most
+``imbalanced_threshold`` requests longer than the shortest; otherwise (and without a match) two random
+replicas are offered and Serve takes the one with the shorter queue (power of two choices). A call pinned to
+a replica (admin broadcast, metrics collection) goes there and nowhere else.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from collections.abc import Container, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ray.serve.request_router import (
+    LocalityMixin,
+    MultiplexMixin,
+    PendingRequest,
+    ReplicaID,
+    RequestRouter,
+    RunningReplica,
+)
+
+from specserve import rayserve
+from specserve.rayserve.asgi_bridge import HTTPCall
+
+RECENT_HASHES = 65536
+"""Hashes remembered from routing decisions not yet confirmed by a stats report."""
+
+
+def _call_of(request: PendingRequest | None) -> HTTPCall | None:
+    if request is None or not request.args or not isinstance(request.args[0], HTTPCall):
+        return None
+    return request.args[0]
+
+
+@dataclass
+class Candidate:
+    """A replica as the routing decision sees it."""
+
+    replica: str
+    held: Container[int]
+    """Block hashes its prefix cache reported, plus those routed to it since."""
+    queue: int
+    """Requests it is serving or queueing (Serve's cached count; 0 when unknown)."""
+
+
+def affinity_choice(hashes: Sequence[int], candidates: Sequence[Candidate], threshold: int) -> list[str]:
+    """The replicas holding the deepest prefix of ``hashes`` (ties all listed: Serve then takes the one with
+    the shortest queue), or ``[]``: no replica holds any of it, or the best is more than ``threshold``
+    requests busier than the least busy replica."""
+    best: list[Candidate] = []
+    best_depth = 0
+    for candidate in candidates:
+        for depth in range(len(hashes), best_depth - 1, -1):
+            if depth == 0:
+                break
+            if hashes[depth - 1] in candidate.held:
+                if depth > best_depth:
+                    best, best_depth = [], depth
+                best.append(candidate)
+                break
+    least_busy = min((c.queue for c in candidates), default=0)
+    return [c.replica for c in best if c.queue - least_busy <= threshold]
+
+
+class _Held:
+    """A replica's reported hashes as a set, plus the hashes routed to it since (a Container)."""
+
+    def __init__(self, reported: frozenset[int], recent: Mapping[int, ReplicaID], replica: ReplicaID) -> None:
+        self.reported, self.recent, self.replica = reported, recent, replica
+
+    def __contains__(self, h: object) -> bool:
+        return h in self.reported or self.recent.get(h) == self.replica  # type: ignore[call-overload]
+
+
+class PrefixAffinityRouter(LocalityMixin, MultiplexMixin, RequestRouter):
+    """Routes to the replica holding the longest prompt prefix, within a load-imbalance bound."""
+
+    def initialize_state(self, imbalanced_threshold: int = 4, **_: Any) -> None:
+        self.imbalanced_threshold = imbalanced_threshold
+        self._recent: OrderedDict[int, ReplicaID] = OrderedDict()
+        self._reported: dict[ReplicaID, tuple[list[int], frozenset[int]]] = {}  # last report, as a set
+        # Through the package: Serve ships this class by value, with copies of this module's globals.
+        rayserve.ROUTERS.add(self)
+
+    async def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
+        call = _call_of(pending_request)
+        if call is not None and call.pin is not None:
+            pinned = [r for r in candidate_replicas if r.replica_id.unique_id == call.pin]
+            return [pinned] if pinned else []
+        two = random.sample(candidate_replicas, min(2, len(candidate_replicas)))
+        if call is None or not call.block_hashes or len(candidate_replicas) < 2:
+            return [two]
+        lengths = self.replica_queue_len_cache
+        by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
+        candidates = [
+            Candidate(
+                r.replica_id.unique_id,
+                _Held(self._reported_by(r), self._recent, r.replica_id),
+                lengths.get(r.replica_id) or 0,
+            )
+            for r in candidate_replicas
+        ]
+        chosen = affinity_choice(call.block_hashes, candidates, self.imbalanced_threshold)
+        return [[by_id[c] for c in chosen], two] if chosen else [two]
+
+    def _reported_by(self, replica: RunningReplica) -> frozenset[int]:
+        reported = replica.routing_stats.get("block_hashes") or []
+        cached = self._reported.get(replica.replica_id)
+        if cached is None or cached[0] is not reported:
+            cached = (reported, frozenset(reported))
+            self._reported[replica.replica_id] = cached
+        return cached[1]
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
+        call = _call_of(pending_request)
+        if call is None or call.pin is not None:
+            return
+        for h in call.block_hashes:
+            self._recent[h] = replica_id
+            self._recent.move_to_end(h)
+        while len(self._recent) > RECENT_HASHES:
+            self._recent.popitem(last=False)
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        self._reported.pop(replica_id, None)
+        for h in [h for h, r in self._recent.items() if r == replica_id]:
+            del self._recent[h]

@@ -1,0 +1,118 @@
+"""The Ray Serve pieces that need no cluster: the affinity decision, the metrics merge, the ASGI bridge."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from specserve.engine.prefix_cache import block_hashes, routing_key
+from specserve.rayserve.asgi_bridge import HTTPCall, Part, run_asgi
+from specserve.rayserve.metrics_merge import FrontMetrics, merge_expositions
+from specserve.rayserve.router import Candidate, affinity_choice
+
+A = [routing_key(h) for h in block_hashes(list(range(64)), "")]  # 4 blocks
+B = [routing_key(h) for h in block_hashes(list(range(1000, 1064)), "")]
+
+
+def test_the_replica_holding_the_deepest_prefix_wins() -> None:
+    shallow = Candidate("shallow", set(A[:1]), queue=0)
+    deep = Candidate("deep", set(A[:3]), queue=1)
+    other = Candidate("other", set(B), queue=0)
+    assert affinity_choice(A, [shallow, deep, other], threshold=4) == ["deep"]
+
+
+def test_ties_are_all_offered_so_the_shorter_queue_takes_it() -> None:
+    one, two = Candidate("one", set(A), queue=3), Candidate("two", set(A), queue=0)
+    assert affinity_choice(A, [one, two], threshold=4) == ["one", "two"]
+
+
+def test_no_match_means_no_affinity() -> None:
+    assert affinity_choice(A, [Candidate("x", set(B), 0), Candidate("y", set(), 0)], threshold=4) == []
+    assert affinity_choice([], [Candidate("x", set(A), 0)], threshold=4) == []
+
+
+def test_a_hot_prefix_spills_over_when_its_replica_is_too_busy() -> None:
+    hot, idle = Candidate("hot", set(A), queue=5), Candidate("idle", set(), queue=0)
+    assert affinity_choice(A, [hot, idle], threshold=4) == []
+    hot.queue = 4
+    assert affinity_choice(A, [hot, idle], threshold=4) == ["hot"]
+
+
+def test_a_salt_changes_every_hash_so_tenants_never_route_on_each_others_prefixes() -> None:
+    salted = [routing_key(h) for h in block_hashes(list(range(64)), "tenant")]
+    assert not set(salted) & set(A)
+    assert affinity_choice(salted, [Candidate("x", set(A), 0), Candidate("y", set(), 0)], 4) == []
+
+
+def _exposition(value: float) -> bytes:
+    registry = CollectorRegistry()
+    Counter("specserve:requests", "Requests.", ("outcome",), registry=registry).labels("success").inc(value)
+    return generate_latest(registry)
+
+
+def test_metrics_of_replicas_are_merged_with_a_replica_label() -> None:
+    front = FrontMetrics()
+    front.set_replicas(2, 3)
+    front.routed([(b"x-specserve-replica", b"r1")])
+    text, _ = merge_expositions(front.render(), {"r1": _exposition(2), "r2": _exposition(5)})
+    families = {f.name: f for f in text_string_to_metric_families(text.decode())}
+    requests = {
+        s.labels["replica"]: s.value
+        for s in families["specserve:requests"].samples
+        if s.name == "specserve:requests_total"
+    }
+    assert requests == {"r1": 2.0, "r2": 5.0}
+    assert families["specserve:replicas_ready"].samples[0].value == 2.0
+    assert families["specserve:replicas_desired"].samples[0].value == 3.0
+    relayed = [s for s in families["specserve:front_requests"].samples if s.name.endswith("_total")]
+    assert [(s.labels, s.value) for s in relayed] == [({"replica": "r1"}, 1.0)]
+    assert text.count(b"# TYPE specserve:requests_total counter") == 1  # one family, not one per replica
+
+
+def _app(disconnected: asyncio.Event) -> Starlette:
+    async def echo(request: Request) -> JSONResponse:
+        return JSONResponse({"body": (await request.body()).decode(), "id": request.headers["x-request-id"]})
+
+    async def endless(request: Request) -> StreamingResponse:
+        async def events() -> AsyncIterator[bytes]:
+            try:
+                while True:
+                    yield b"data: tick\n\n"
+                    await asyncio.sleep(0.01)
+            finally:
+                disconnected.set()
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/echo", echo, methods=["POST"]), Route("/endless", endless)])
+
+
+def test_a_request_runs_through_the_app_and_comes_back_in_parts() -> None:
+    async def go() -> list[Part]:
+        call = HTTPCall("POST", "/echo", headers=[(b"x-request-id", b"abc")], body=b"hello")
+        return [part async for part in run_asgi(_app(asyncio.Event()), call, [(b"x-replica", b"r9")])]
+
+    parts = asyncio.run(go())
+    assert parts[0].start and parts[0].status == 200 and (b"x-replica", b"r9") in parts[0].headers
+    assert b"".join(p.body for p in parts[1:]) == b'{"body":"hello","id":"abc"}'
+    assert not parts[-1].more
+
+
+def test_a_caller_that_goes_away_shows_the_app_a_disconnect() -> None:
+    async def go() -> bool:
+        disconnected = asyncio.Event()
+        parts = run_asgi(_app(disconnected), HTTPCall("GET", "/endless"), [])
+        assert (await anext(parts)).start
+        assert (await anext(parts)).body == b"data: tick\n\n"
+        await parts.aclose()  # what cancelling the handle call does on the replica
+        await asyncio.wait_for(disconnected.wait(), 5)
+        return disconnected.is_set()
+
+    assert asyncio.run(go())
