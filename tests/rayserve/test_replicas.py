@@ -166,6 +166,11 @@ def test_a_killed_replica_fails_only_its_streams_and_is_replaced(ray_app: RayApp
     assert all(outcome[i].startswith("error") for i in failed), outcome
     survivors = [i for i in range(n) if replica_of[i] != victim]
     assert all(outcome[i] == "ok" for i in survivors), outcome
+    metrics = httpx.get(f"{ray_app.url}/metrics", timeout=30).text
+    counted = next(
+        line for line in metrics.splitlines() if 'front_failures_total{reason="replica_failed"}' in line
+    )
+    assert float(counted.split()[-1]) >= len(failed)
     for i in failed:  # one retry each: Serve routes it to a live replica
         retry = client.completions.create(
             model=MODEL, prompt=f"stream {i}", max_tokens=50, temperature=0, extra_body={"ignore_eos": True}

@@ -145,8 +145,8 @@ def incoming_call(request: Request, body: bytes, request_id: str) -> HTTPCall:
 class RelayResponse(Response):
     """The replica's response, relayed part by part; a replica lost mid-stream ends the stream cleanly."""
 
-    def __init__(self, first: Part, rest: AsyncIterator[Part], cancel: Any) -> None:
-        self.first, self.rest, self.cancel = first, rest, cancel
+    def __init__(self, first: Part, rest: AsyncIterator[Part], cancel: Any, metrics: FrontMetrics) -> None:
+        self.first, self.rest, self.cancel, self.metrics = first, rest, cancel, metrics
         self.status_code = first.status
         self.background = None
 
@@ -163,6 +163,7 @@ class RelayResponse(Response):
                     break
         except Exception as exc:
             log.warning("replica lost during a response: %s", exc)
+            self.metrics.failures.labels("replica_failed").inc()
             if sse:
                 error = replica_failed("The replica serving this stream failed; retry the request.")
                 event = f"data: {json.dumps(error.body())}\n\n".encode()
@@ -184,6 +185,7 @@ async def relay(front: Front, call: HTTPCall) -> Response:
     try:
         first = await responses.__anext__()
     except BackPressureError:
+        front.metrics.failures.labels("queue_full").inc()
         raise APIError(
             429, "All replicas are busy and the front's queue is full; retry later.", "server_error",
             code="queue_full", headers={"Retry-After": "1"},
@@ -193,9 +195,10 @@ async def relay(front: Front, call: HTTPCall) -> Response:
         raise
     except Exception as exc:
         log.warning("replica failed before responding: %s", exc)
+        front.metrics.failures.labels("replica_failed").inc()
         raise replica_failed("The replica serving this request failed; retry the request.") from None
     front.metrics.routed(first.headers)
-    return RelayResponse(first, responses, responses.cancel)
+    return RelayResponse(first, responses, responses.cancel, front.metrics)
 
 
 class AccessMiddleware:

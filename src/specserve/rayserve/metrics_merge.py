@@ -20,7 +20,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class FrontMetrics:
-    """The front's own series: replicas ready and desired, requests relayed per replica."""
+    """The front's own series: replicas ready and desired, requests relayed per replica, and those that
+    never got an answer from a replica (the replicas' own ``requests_total`` cannot count them)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -36,6 +37,16 @@ class FrontMetrics:
             ("replica",),
             registry=self.registry,
         )
+
+        self.failures = Counter(
+            "specserve:front_failures",
+            "Requests the front answered itself: queue_full (429, every replica busy and the front's queue "
+            "full), replica_failed (503 or a stream's error event: the replica died).",
+            ("reason",),
+            registry=self.registry,
+        )
+        for reason in ("queue_full", "replica_failed"):
+            self.failures.labels(reason)
 
     def set_replicas(self, ready: int, desired: int) -> None:
         self.ready.set(ready)
