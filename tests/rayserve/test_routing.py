@@ -116,3 +116,23 @@ def test_a_caller_that_goes_away_shows_the_app_a_disconnect() -> None:
         return disconnected.is_set()
 
     assert asyncio.run(go())
+
+
+def test_body_messages_waiting_together_travel_as_one_part() -> None:
+    async def burst(request: Request) -> StreamingResponse:
+        async def events() -> AsyncIterator[bytes]:
+            for i in range(50):
+                yield f"data: {i}\n\n".encode()
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    async def go() -> list[Part]:
+        parts = []
+        async for part in run_asgi(Starlette(routes=[Route("/burst", burst)]), HTTPCall("GET", "/burst"), []):
+            parts.append(part)
+            await asyncio.sleep(0.05)  # a slow reader: the app's events queue up meanwhile
+        return parts
+
+    parts = asyncio.run(go())
+    assert b"".join(p.body for p in parts[1:]) == b"".join(f"data: {i}\n\n".encode() for i in range(50))
+    assert len(parts) < 20 and not parts[-1].more

@@ -105,10 +105,25 @@ async def run_asgi(
                 headers = [(bytes(k), bytes(v)) for k, v in message.get("headers", [])]
                 yield Part(status=message["status"], headers=headers + extra_headers, start=True)
             elif message["type"] == "http.response.body":
+                # Body messages already waiting travel as one part: each part is a Ray object and two
+                # hops (replica -> front -> proxy), which costs milliseconds; under load several SSE
+                # events queue up between two reads, and this keeps the cost per read, not per event.
+                chunks = [bytes(message.get("body", b""))]
                 more = bool(message.get("more_body", False))
-                yield Part(body=bytes(message.get("body", b"")), more=more)
+                ended = False
+                while more and not sent.empty():
+                    queued = sent.get_nowait()
+                    if queued is None:
+                        ended = True
+                        break
+                    if queued["type"] == "http.response.body":
+                        chunks.append(bytes(queued.get("body", b"")))
+                        more = bool(queued.get("more_body", False))
+                yield Part(body=b"".join(chunks), more=more)
                 if not more:
                     return
+                if ended:
+                    break
         raise RuntimeError(f"the application ended {call.method} {call.path} without a response")
     finally:
         # The response is complete, or the caller went away: either way the app sees the client leave.
