@@ -175,3 +175,14 @@ def test_redacted_hides_secrets() -> None:
     assert redacted(WithSecret(api_key="s3cret"))["api_key"] == "***"
     assert redacted(WithSecret())["api_key"] is None
     assert redacted(WithSecret(api_key="s3cret"))["target"] == Settings().target
+
+
+def test_secrets_never_travel_and_come_back_from_the_environment() -> None:
+    from specserve.config import with_secrets_from_env, without_secrets
+
+    settings = Settings(api_keys="k1,k2", admin_key="adm", threads=3)
+    shipped = without_secrets(settings)
+    assert shipped["api_keys"] is None and shipped["admin_key"] is None and shipped["threads"] == 3
+    back = with_secrets_from_env(shipped, {"SPECSERVE_API_KEYS": "k9", "SPECSERVE_ADMIN_KEY": "a9"})
+    assert (back.api_keys, back.admin_key, back.threads) == ("k9", "a9", 3)
+    assert with_secrets_from_env(shipped, {}).api_keys is None

@@ -299,3 +299,20 @@ def redacted(settings: Settings) -> dict[str, Any]:
         value = getattr(settings, f.name)
         out[f.name] = "***" if f.metadata.get("secret") and value else value
     return out
+
+
+def without_secrets(settings: Settings) -> dict[str, Any]:
+    """The settings as a plain mapping with every secret unset: what may travel to other processes (Ray
+    keeps deployment arguments in its controller's state); each process reads the secrets from its own
+    environment with :func:`with_secrets_from_env`."""
+    return {
+        f.name: None if f.name in _secrets() else getattr(settings, f.name)
+        for f in dataclasses.fields(settings)
+    }
+
+
+def with_secrets_from_env(values: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Settings:
+    """Settings from :func:`without_secrets`'s mapping, secrets from ``env`` (default: this process's)."""
+    env = os.environ if env is None else env
+    secrets = {name: env[env_name(name)] for name in _secrets() if env_name(name) in env}
+    return Settings(**{**values, **secrets}).validate()

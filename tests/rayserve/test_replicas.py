@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import Counter, defaultdict
@@ -36,7 +37,10 @@ def ray_app(tiny_models: TinyModels, tmp_path_factory: pytest.TempPathFactory) -
 
     from specserve.rayserve.app import APP_NAME, build_application
 
-    settings = tiny_settings(tiny_models, tmp_path_factory.mktemp("ray"), admin_key=ADMIN_KEY)
+    settings = tiny_settings(tiny_models, tmp_path_factory.mktemp("ray"))
+    # Secrets never travel as deployment arguments: every replica reads them from its environment, which
+    # the workers of a local Ray cluster inherit from the process that started it.
+    os.environ["SPECSERVE_ADMIN_KEY"] = ADMIN_KEY
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         port = free_port()
@@ -48,6 +52,7 @@ def ray_app(tiny_models: TinyModels, tmp_path_factory: pytest.TempPathFactory) -
     finally:
         serve.shutdown()  # type: ignore[no-untyped-call]
         ray.shutdown()
+        del os.environ["SPECSERVE_ADMIN_KEY"]
 
 
 def chat(i: int) -> list[dict[str, str]]:

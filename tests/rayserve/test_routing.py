@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -13,7 +14,9 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from specserve.engine.prefix_cache import block_hashes, routing_key
+from specserve.models import DEFAULT_TARGET, ModelStore
 from specserve.rayserve.asgi_bridge import HTTPCall, Part, run_asgi
+from specserve.rayserve.front import local_model
 from specserve.rayserve.metrics_merge import FrontMetrics, merge_expositions
 from specserve.rayserve.router import Candidate, affinity_choice
 
@@ -136,3 +139,13 @@ def test_body_messages_waiting_together_travel_as_one_part() -> None:
     parts = asyncio.run(go())
     assert b"".join(p.body for p in parts[1:]) == b"".join(f"data: {i}\n\n".encode() for i in range(50))
     assert len(parts) < 20 and not parts[-1].more
+
+
+def test_the_front_never_pulls_a_model_for_its_vocabulary(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path / "store")
+    assert local_model(store, DEFAULT_TARGET) is None  # absent: no download, routing without affinity
+    assert local_model(store, "no-such-model") is None
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert local_model(store, str(gguf)) == gguf
+    assert not any((tmp_path / "store").glob("**/*.whl"))

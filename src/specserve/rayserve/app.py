@@ -7,7 +7,8 @@ beyond ``max_waiting`` per replica wait at the front, and past that get 429.
 
 From a config file (``serve run deploy/ray/serve-config.yaml``), ``app_builder`` reads ``args``: ``settings``
 (the YAML settings mapping ``--config`` takes; secrets such as API keys come from the environment of the
-Ray nodes), ``replicas`` or ``autoscaling_config``, and ``imbalanced_threshold``.
+Ray nodes), ``replicas`` or ``autoscaling_config``, ``imbalanced_threshold``, and ``front_resources`` (Ray
+custom resources that place the front on a node holding the model file, e.g. a KubeRay worker group's).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
-from specserve.config import Settings, load_settings
+from specserve.config import Settings, load_settings, with_secrets_from_env, without_secrets
 from specserve.rayserve.front import Front, create_front_app
 from specserve.rayserve.replica import EngineReplica
 from specserve.rayserve.router import PrefixAffinityRouter
@@ -43,7 +44,7 @@ class FrontDeployment:
     """The ingress: builds its FastAPI app on the replica, after ``__init__`` (Serve's late-bound ingress)."""
 
     def __init__(self, settings: dict[str, Any], engine: Any, desired: int) -> None:
-        self.front = Front(Settings(**settings).validate(), engine, ENGINE, desired)
+        self.front = Front(with_secrets_from_env(settings), engine, ENGINE, desired)
 
     def __serve_build_asgi_app__(self) -> Any:
         return create_front_app(self.front)
@@ -55,11 +56,14 @@ def build_application(
     replicas: int = 2,
     autoscaling_config: dict[str, Any] | None = None,
     imbalanced_threshold: int = 4,
+    front_resources: dict[str, float] | None = None,
 ) -> Any:
-    """The bound application (``serve.run`` takes it)."""
+    """The bound application (``serve.run`` takes it). ``front_resources``: Ray custom resources the front
+    needs, to place it on a node that holds the model file (it tokenizes with the target's vocabulary; on
+    a node without the file it routes without prefix affinity)."""
     threads = settings.threads or 1
     settings = dataclasses.replace(settings, threads=threads)
-    values = dataclasses.asdict(settings)
+    values = without_secrets(settings)  # replicas read API and admin keys from their own environment
     scaling: dict[str, Any] = (
         {"autoscaling_config": autoscaling_config} if autoscaling_config else {"num_replicas": replicas}
     )
@@ -88,7 +92,7 @@ def build_application(
         FrontDeployment,
         name=FRONT,
         num_replicas=1,
-        ray_actor_options={"num_cpus": 0},
+        ray_actor_options={"num_cpus": 0, "resources": dict(front_resources or {})},
         max_ongoing_requests=settings.max_connections,
         graceful_shutdown_timeout_s=settings.shutdown_grace_seconds,
     )
@@ -103,6 +107,7 @@ def app_builder(args: dict[str, Any]) -> Any:
         replicas=int(args.get("replicas", 2)),
         autoscaling_config=args.get("autoscaling_config"),
         imbalanced_threshold=int(args.get("imbalanced_threshold", 4)),
+        front_resources=args.get("front_resources"),
     )
 
 

@@ -32,6 +32,7 @@ from specserve.backends.llama_cpp_vocab import LlamaCppVocabulary
 from specserve.chat import chat_prompt_ids
 from specserve.config import Settings
 from specserve.engine.prefix_cache import block_hashes, routing_key
+from specserve.models import ModelStore, ModelStoreError
 from specserve.rayserve import ROUTERS
 from specserve.rayserve.asgi_bridge import HTTPCall, Part
 from specserve.rayserve.metrics_merge import FrontMetrics, merge_expositions
@@ -62,14 +63,19 @@ class Front:
     """What the front's routes share (set on ``app.state.front``)."""
 
     def __init__(self, settings: Settings, engine: Any, engine_name: str, desired: int) -> None:
-        from specserve.models import ModelStore
-
         self.settings = settings
         self.engine = engine.options(stream=True)
         self.engine_name = engine_name
         self.access = AccessControl(settings)
+        self.vocab: LlamaCppVocabulary | None = None
+        self.routing = "prefix-affinity"
         store = ModelStore(None if settings.model_dir is None else Path(settings.model_dir))
-        self.vocab = LlamaCppVocabulary(store.resolve(settings.target))
+        local = local_model(store, settings.target)
+        if local is not None:
+            self.vocab = LlamaCppVocabulary(local)
+        else:  # never pull a model here just for its vocabulary: route without affinity, and say so
+            self.routing = f"power-of-two choices (no {settings.target} on the front's node to tokenize with)"
+            log.warning("prefix-affinity routing is off: %s", self.routing)
         self.metrics = FrontMetrics()
         self._desired = desired
         self._counts = ReplicaCounts(0, desired)
@@ -82,9 +88,13 @@ class Front:
         req: p.CompletionRequest | p.ChatCompletionRequest
         if path == "/v1/chat/completions":
             req = p.parse_request(raw, p.ChatCompletionRequest)
+            if self.vocab is None:
+                return []
             ids = chat_prompt_ids(self.vocab, req.chat_messages())
         else:
             req = p.parse_request(raw, p.CompletionRequest)
+            if self.vocab is None:
+                return []
             ids = self.vocab.tokenize(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
         salt = self.access.cache_salt(authorization, req.cache_salt)
         return [routing_key(h) for h in block_hashes(ids, salt)]
@@ -127,6 +137,17 @@ class Front:
 
         await asyncio.wait_for(run(), PIN_TIMEOUT_S)
         return status, b"".join(chunks)
+
+
+def local_model(store: ModelStore, target: str) -> Path | None:
+    """The target's file if this node has it; never pulls (resolve would, for a catalog name)."""
+    spec = store.catalog.get(target)
+    if spec is not None:
+        return store.locate(spec)
+    try:
+        return store.resolve(target, progress=False)
+    except ModelStoreError:
+        return None
 
 
 def incoming_call(request: Request, body: bytes, request_id: str) -> HTTPCall:
@@ -238,6 +259,7 @@ def create_front_app(front: Front) -> FastAPI:
             "replicas_ready": counts.ready,
             "replicas_desired": counts.desired,
             "replicas": replica_ids(),
+            "routing": front.routing,
         }
         return JSONResponse(body, status_code=200 if counts.ready else 503)
 

@@ -14,7 +14,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from specserve.config import Settings
+from specserve.config import with_secrets_from_env
 from specserve.engine.builder import build_engine
 from specserve.engine.prefix_cache import routing_key
 from specserve.logging import configure_logging
@@ -36,7 +36,7 @@ class EngineReplica:
     def __init__(self, settings: dict[str, Any]) -> None:
         from ray import serve
 
-        self.settings = Settings(**settings).validate()
+        self.settings = with_secrets_from_env(settings)
         configure_logging(self.settings.log_level, self.settings.log_format)
         built = build_engine(self.settings)  # load and calibrate before taking traffic
         self.app = create_app(self.settings, lambda _: built)
