@@ -67,6 +67,7 @@ def build_application(
     scaling: dict[str, Any] = (
         {"autoscaling_config": autoscaling_config} if autoscaling_config else {"num_replicas": replicas}
     )
+    most = int(autoscaling_config.get("max_replicas", replicas)) if autoscaling_config else replicas
     deployment: Any = serve.deployment  # its overloads do not type the class-and-options form
     router: Any = RequestRouterConfig  # a pydantic model that mypy sees with the wrong field types
     engine = deployment(
@@ -76,7 +77,7 @@ def build_application(
         # Running plus a short queue on the replica: beyond that, requests wait at the front, where the
         # router can still choose for them.
         max_ongoing_requests=settings.max_running * 2,
-        max_queued_requests=settings.max_waiting * max(replicas, 1),
+        max_queued_requests=settings.max_waiting * max(most, 1),
         graceful_shutdown_timeout_s=settings.shutdown_grace_seconds,
         graceful_shutdown_wait_loop_s=1.0,
         health_check_period_s=HEALTH_CHECK_PERIOD_S,
@@ -87,7 +88,7 @@ def build_application(
         ),
         **scaling,
     )
-    desired = autoscaling_config.get("min_replicas", 1) if autoscaling_config else replicas
+    desired = int(autoscaling_config.get("min_replicas", 1)) if autoscaling_config else replicas
     front = deployment(
         FrontDeployment,
         name=FRONT,
