@@ -7,9 +7,10 @@ prefix cache holds the longest prefix of its prompt (the cache's own block hashe
 unless that replica is busier than the others by more than a threshold.
 
 Modules: ``asgi_bridge`` (one HTTP exchange through an ASGI app, as messages), ``replica`` (the engine
-deployment), ``router`` (prefix-affinity routing), ``front`` (the ingress), ``metrics_merge`` (every replica's
-metrics in one scrape, labelled by replica), ``app`` (building and running the application). Ray is imported
-only here; the single-process server never needs it.
+deployment), ``router`` (prefix-affinity routing), ``front`` (the ingress), ``relay`` (a response back from
+a replica, failures included), ``metrics_merge`` (every replica's metrics in one scrape, labelled by
+replica), ``app`` (building and running the application). Ray is imported only here; the single-process
+server never needs it.
 """
 
 from __future__ import annotations

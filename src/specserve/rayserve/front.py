@@ -3,12 +3,9 @@
 The front checks what it can without a model — access (API keys, rate limits), body size, content type and
 the request's schema, with the server's own code — tokenizes the prompt with the target's vocabulary alone to
 compute its prefix-cache block hashes, and passes the request to the engine deployment, whose router picks the
-replica (:mod:`specserve.rayserve.router`). The replica's response is relayed as it comes, SSE included.
-
-A replica that dies mid-request: a stream that already started ends with an SSE error event and a closed
-stream; a request that had not started gets 503 ``replica_failed`` (its client may retry: Serve routes the
-retry to a live replica). ``/ready`` counts ready replicas, ``/metrics`` gathers every replica's metrics
-labelled ``replica``, and ``POST /admin/speculation`` reaches every replica.
+replica (:mod:`specserve.rayserve.router`). How the response comes back, a replica's failure included, is
+:mod:`specserve.rayserve.relay`. ``/ready`` counts ready replicas, ``/metrics`` gathers every replica's
+metrics labelled ``replica``, and ``POST /admin/speculation`` reaches every replica.
 """
 
 from __future__ import annotations
@@ -18,7 +15,6 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,8 +30,9 @@ from specserve.config import Settings
 from specserve.engine.prefix_cache import block_hashes, routing_key
 from specserve.models import ModelStore, ModelStoreError
 from specserve.rayserve import ROUTERS
-from specserve.rayserve.asgi_bridge import HTTPCall, Part
+from specserve.rayserve.asgi_bridge import HTTPCall
 from specserve.rayserve.metrics_merge import FrontMetrics, merge_expositions
+from specserve.rayserve.relay import incoming_call, relay
 from specserve.server import protocol as p
 from specserve.server.auth import AccessControl
 from specserve.server.errors import APIError, install_handlers, unavailable
@@ -150,78 +147,6 @@ def local_model(store: ModelStore, target: str) -> Path | None:
         return None
 
 
-def incoming_call(request: Request, body: bytes, request_id: str) -> HTTPCall:
-    headers = [(k, v) for k, v in request.scope["headers"] if k.lower() != b"x-request-id"]
-    client = request.client
-    return HTTPCall(
-        method=request.method,
-        path=request.url.path,
-        query=request.scope.get("query_string", b""),
-        headers=[*headers, (b"x-request-id", request_id.encode())],
-        body=body,
-        client=(client.host, client.port) if client is not None else None,
-    )
-
-
-class RelayResponse(Response):
-    """The replica's response, relayed part by part; a replica lost mid-stream ends the stream cleanly."""
-
-    def __init__(self, first: Part, rest: AsyncIterator[Part], cancel: Any, metrics: FrontMetrics) -> None:
-        self.first, self.rest, self.cancel, self.metrics = first, rest, cancel, metrics
-        self.status_code = first.status
-        self.background = None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # Serve's proxy sets its own X-Request-ID (the same id: the front passed it on).
-        dropped = (b"content-length", b"x-request-id")
-        headers = [(k, v) for k, v in self.first.headers if k.lower() not in dropped]
-        sse = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
-        await send({"type": "http.response.start", "status": self.status_code, "headers": headers})
-        try:
-            async for part in self.rest:
-                await send({"type": "http.response.body", "body": part.body, "more_body": True})
-                if not part.more:
-                    break
-        except Exception as exc:
-            log.warning("replica lost during a response: %s", exc)
-            self.metrics.failures.labels("replica_failed").inc()
-            if sse:
-                error = replica_failed("The replica serving this stream failed; retry the request.")
-                event = f"data: {json.dumps(error.body())}\n\n".encode()
-                await send({"type": "http.response.body", "body": event, "more_body": True})
-        finally:
-            self.cancel()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-def replica_failed(message: str) -> APIError:
-    return APIError(503, message, "server_error", code="replica_failed", headers={"Retry-After": "1"})
-
-
-async def relay(front: Front, call: HTTPCall) -> Response:
-    """Send ``call`` to a replica; errors before the response starts become OpenAI errors."""
-    from ray.serve.exceptions import BackPressureError
-
-    responses = front.engine.handle.remote(call)
-    try:
-        first = await responses.__anext__()
-    except BackPressureError:
-        front.metrics.failures.labels("queue_full").inc()
-        raise APIError(
-            429, "All replicas are busy and the front's queue is full; retry later.", "server_error",
-            code="queue_full", headers={"Retry-After": "1"},
-        ) from None  # fmt: skip
-    except asyncio.CancelledError:
-        responses.cancel()
-        raise
-    except Exception as exc:
-        log.warning("replica failed before responding: %s", exc)
-        front.metrics.failures.labels("replica_failed").inc()
-        raise replica_failed("The replica serving this request failed; retry the request.") from None
-    front.metrics.routed(first.headers)
-    return RelayResponse(first, responses, responses.cancel, front.metrics)
-
-
 class AccessMiddleware:
     """API keys, admin key and rate limits, checked before anything reaches a replica (pure ASGI: streams
     pass through untouched)."""
@@ -309,6 +234,6 @@ def create_front_app(front: Front) -> FastAPI:
                 log.debug("no routing key: %s", exc)
         else:
             call = incoming_call(request, await request.body(), request_id)
-        return await relay(front, call)
+        return await relay(front.engine, call, front.metrics)
 
     return app
