@@ -32,6 +32,7 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
 from specserve.backends.base import ModelRuntime
+from specserve.engine.host_memory import map_large_blocks
 from specserve.engine.sequence import Sequence
 
 log = logging.getLogger("specserve.prefix_cache")
@@ -106,6 +107,8 @@ class PrefixCache:
         self.block_size = block_size
         self.grid = grid
         self.host_bytes = host_bytes
+        if host_bytes > 0:
+            map_large_blocks()  # evicted blobs must go back to the OS, not fragment the heap
         self.stats = PrefixCacheStats()
         self._index: dict[bytes, set[int]] = {}
         """Block hash -> ids of the holders that hold that prefix."""
