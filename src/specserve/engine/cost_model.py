@@ -8,11 +8,13 @@ several sizes on a scratch sequence (``calibrate``), and afterwards every real d
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -155,6 +157,27 @@ def cached_calibration(
         default=str,
     )
     file = cache_dir / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    # Engines starting together on one machine (Ray Serve replicas) take turns: measured side by side,
+    # each would see the other's load and both would distort the table; the second then reuses the first's.
+    with _exclusive(file.with_suffix(".lock")):
+        return _cached_or_measured(runtime, scratch_seq, file, key)
+
+
+@contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    """An advisory lock between processes (none if the cache directory cannot hold the lock file)."""
+    try:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        handle = lock_path.open("a")
+    except OSError:
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def _cached_or_measured(runtime: ModelRuntime, scratch_seq: int, file: Path, key: str) -> StepCostTable:
     try:
         data = json.loads(file.read_text())
         if time.time() - data["created"] < 86400:
@@ -172,7 +195,7 @@ def cached_calibration(
         pass
     table = calibrate(runtime, scratch_seq)
     try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
+        file.parent.mkdir(parents=True, exist_ok=True)
         file.write_text(json.dumps({"key": key, "created": time.time(), "seconds": table.seconds.tolist()}))
     except OSError:
         pass  # a read-only cache only costs a re-measurement next time

@@ -192,16 +192,17 @@ def create_front_app(front: Front) -> FastAPI:
     async def metrics(request: Request) -> Response:
         counts = await front.counts()
         front.metrics.set_replicas(counts.ready, counts.desired)
+        replicas = replica_ids()
+        answers = await asyncio.gather(
+            *(front.pinned(r, incoming_call(request, b"", uuid.uuid4().hex)) for r in replicas),
+            return_exceptions=True,
+        )
         per_replica: dict[str, bytes] = {}
-        for replica in replica_ids():
-            call = incoming_call(request, b"", uuid.uuid4().hex)
-            try:
-                status, body = await front.pinned(replica, call)
-            except Exception as exc:  # a replica going away while scraped: the others still report
-                log.warning("metrics of replica %s: %s", replica, exc)
-                continue
-            if status == 200:
-                per_replica[replica] = body
+        for replica, answer in zip(replicas, answers, strict=True):
+            if isinstance(answer, BaseException):  # a replica going away while scraped: the others report
+                log.warning("metrics of replica %s: %s", replica, answer)
+            elif answer[0] == 200:
+                per_replica[replica] = answer[1]
         text, content_type = merge_expositions(front.metrics.render(), per_replica)
         return Response(text, media_type=content_type)
 
@@ -209,8 +210,11 @@ def create_front_app(front: Front) -> FastAPI:
     async def speculation(request: Request) -> Response:
         raw = await read_body(request, front.settings.max_request_bytes, front.settings.client_timeout)
         results: dict[str, Any] = {}
-        for replica in replica_ids():
-            status, body = await front.pinned(replica, incoming_call(request, raw, uuid.uuid4().hex))
+        replicas = replica_ids()
+        answers = await asyncio.gather(
+            *(front.pinned(r, incoming_call(request, raw, uuid.uuid4().hex)) for r in replicas)
+        )
+        for replica, (status, body) in zip(replicas, answers, strict=True):
             results[replica] = {"status": status, "response": json.loads(body or b"null")}
         if not results:
             raise unavailable("No engine replica is ready.", "no_replicas")
