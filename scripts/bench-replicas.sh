@@ -35,12 +35,15 @@ start_ray() {  # replicas threads model args...
 stop() { kill -INT "$1"; wait "$1" 2>/dev/null || true; }
 
 $S models pull >/dev/null
-BENCH=(--workload qa code-edit --concurrency 1,4 --requests 8 --max-tokens 48)
+BENCH=(--workload qa code-edit --concurrency 1,4 --requests 6 --max-tokens 48)
 
+# Fresh servers for every run: both sides start with empty prefix caches (the prompts repeat across runs).
 start_single
 start_ray "$CORES" 1
 $S bench --url "$RAY" --peer-url single="$SINGLE" "${BENCH[@]}" --output-dir "$OUT/replicas-${CORES}x1"
 stop "$ray"
+stop "$single"
+start_single
 start_ray 1 "$CORES"
 $S bench --url "$RAY" --peer-url single="$SINGLE" "${BENCH[@]}" --output-dir "$OUT/replicas-1x${CORES}"
 stop "$ray"
