@@ -254,7 +254,7 @@ def unit_test_cases() -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
 
 def input_targets(group: dict[str, Any]) -> set[tuple[str, ...]]:
     """The (job, instance, replica) of every input series: the targets an alert could fire for."""
-    targets = set()
+    targets: set[tuple[str, ...]] = set()
     for series in group["input_series"]:
         labels = dict(re.findall(r'(\w+)="([^"]*)"', series["series"]))
         targets.add((labels.get("job", ""), labels.get("instance", ""), labels.get("replica", "")))

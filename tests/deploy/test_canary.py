@@ -31,7 +31,8 @@ YAMLLINT_CONFIG = "extends: relaxed\nrules:\n  line-length: {max: 110}\n"  # as 
 
 
 def kustomization() -> dict[str, Any]:
-    return yaml.safe_load((CANARY / "kustomization.yaml").read_text())
+    loaded: dict[str, Any] = yaml.safe_load((CANARY / "kustomization.yaml").read_text())
+    return loaded
 
 
 def split_image(ref: str) -> tuple[str, str | None, str | None]:
@@ -53,7 +54,7 @@ def set_image(ref: str, entry: dict[str, Any]) -> str:
         return f"{new}@{entry['digest']}"
     if entry.get("newTag"):
         return f"{new}:{entry['newTag']}"
-    return new + (f":{tag}" if tag else "") + (f"@{digest}" if digest else "")
+    return str(new) + (f":{tag}" if tag else "") + (f"@{digest}" if digest else "")
 
 
 def containers(deployment: dict[str, Any]) -> list[dict[str, Any]]:
@@ -99,13 +100,15 @@ def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
 
 
 def pod_labels(deployment: dict[str, Any]) -> dict[str, str]:
-    return deployment["spec"]["template"]["metadata"]["labels"]
+    labels: dict[str, str] = deployment["spec"]["template"]["metadata"]["labels"]
+    return labels
 
 
 def volume_of(deployment: dict[str, Any], mount_path: str) -> dict[str, Any]:
     pod = deployment["spec"]["template"]["spec"]
     mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
-    return {v["name"]: v for v in pod["volumes"]}[mounts[mount_path]]
+    volume: dict[str, Any] = {v["name"]: v for v in pod["volumes"]}[mounts[mount_path]]
+    return volume
 
 
 def kustomize_command() -> list[str] | None:

@@ -208,11 +208,14 @@ def test_engines_starting_together_take_turns_calibrating(runtime: LlamaCppRunti
     cached_calibration(runtime, 1, tmp_path, {"threads": 1})
     (lock_path,) = tmp_path.glob("*.lock")
     done = threading.Event()
+
+    def calibrate_then_signal() -> None:
+        cached_calibration(runtime, 1, tmp_path, {"threads": 1})
+        done.set()
+
     with lock_path.open("a") as held:  # another engine is calibrating
         fcntl.flock(held, fcntl.LOCK_EX)
-        waiter = threading.Thread(
-            target=lambda: (cached_calibration(runtime, 1, tmp_path, {"threads": 1}), done.set())
-        )
+        waiter = threading.Thread(target=calibrate_then_signal)
         waiter.start()
         assert not done.wait(0.5)  # it waits for the other to finish
         fcntl.flock(held, fcntl.LOCK_UN)

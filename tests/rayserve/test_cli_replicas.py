@@ -13,12 +13,14 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import yaml
 
 from specserve.testing.tiny_models import TinyModels
 
 from .cluster import READY_DEADLINE_S, free_port
 
 GRACE_S = 30
+SERVE_CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "ray" / "serve-config.yaml"
 
 
 @pytest.mark.ray
@@ -96,3 +98,47 @@ def test_without_the_ray_extra_the_error_names_it(tmp_path: Path) -> None:
     assert result.returncode != 0
     expected = "specserve: error: Ray Serve is not installed: pip install 'specserve[ray]'"
     assert result.stderr.strip() == expected
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(300)
+def test_the_serve_config_file_runs_under_serve_run(tiny_models: TinyModels, tmp_path: Path) -> None:
+    """deploy/ray/serve-config.yaml as shipped, models and port swapped for tiny ones, under Ray's own CLI."""
+    config = yaml.safe_load(SERVE_CONFIG.read_text())
+    port = free_port()
+    config["http_options"] = {"host": "127.0.0.1", "port": port}
+    application = config["applications"][0]
+    application["args"]["replicas"] = 1
+    application["args"]["settings"].update(
+        target=str(tiny_models.target), draft="none", model_dir=str(tmp_path / "store"), log_format="text"
+    )
+    path = tmp_path / "serve-config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    log_path = tmp_path / "serve-run.log"
+    serve_cli = Path(sys.executable).parent / "serve"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen([str(serve_cli), "run", str(path)], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + READY_DEADLINE_S
+        while True:
+            assert process.poll() is None, log_path.read_text(errors="replace")
+            try:
+                if httpx.get(f"{url}/ready", timeout=5).json().get("replicas_ready") == 1:
+                    break
+            except (httpx.TransportError, ValueError):
+                pass
+            assert time.monotonic() < deadline, log_path.read_text(errors="replace")
+            time.sleep(0.5)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+        completion = client.completions.with_raw_response.create(
+            model="tiny-target", prompt="hello", max_tokens=4, temperature=0
+        )
+        assert completion.headers["x-specserve-replica"]
+        assert completion.parse().choices[0].finish_reason == "length"
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

@@ -68,7 +68,7 @@ def test_routing_stats_report_the_prefix_caches_block_hashes(tiny_models: TinyMo
 
         stats = asyncio.run(go())
         expected = [routing_key(h) for h in block_hashes(prompt, "")]
-        assert set(expected) <= set(stats["block_hashes"])  # type: ignore[arg-type]
+        assert set(expected) <= set(stats["block_hashes"])  # type: ignore[call-overload]
         assert stats["replica"] == "test" and stats["running"] == 0
     finally:
         replica.state.close()
