@@ -121,11 +121,11 @@ def test_metrics_ready_and_the_admin_switch_cover_every_replica(ray_app: RayApp)
     assert replicas <= labelled
     assert "specserve:replicas_ready 2.0" in text
     headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
-    off = httpx.post(f"{ray_app.url}/admin/speculation", json={"enabled": False}, headers=headers, timeout=30)
+    off = httpx.post(f"{ray_app.url}/admin/speculation", json={"enabled": False}, headers=headers, timeout=90)
     assert off.status_code == 200, off.text
     assert set(off.json()["replicas"]) == replicas
     assert all(r["response"]["enabled"] is False for r in off.json()["replicas"].values())
-    on = httpx.post(f"{ray_app.url}/admin/speculation", json={"enabled": True}, headers=headers, timeout=30)
+    on = httpx.post(f"{ray_app.url}/admin/speculation", json={"enabled": True}, headers=headers, timeout=90)
     assert on.status_code == 200 and all(r["status"] == 200 for r in on.json()["replicas"].values())
     denied = httpx.post(f"{ray_app.url}/admin/speculation", json={"enabled": False}, timeout=30)
     assert denied.status_code == 401 and denied.json()["error"]["type"]

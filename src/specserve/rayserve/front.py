@@ -15,9 +15,10 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -41,7 +42,8 @@ from specserve.server.request_body import read_body
 log = logging.getLogger("specserve.rayserve")
 
 GENERATION = frozenset({"/v1/completions", "/v1/chat/completions"})
-PIN_TIMEOUT_S = 10.0
+PIN_TIMEOUT_S = 30.0
+T = TypeVar("T")
 STATUS_TTL_S = 2.0
 
 
@@ -111,10 +113,11 @@ class Front:
         from ray import serve
 
         try:
-            for application in serve.status().applications.values():
-                deployment = application.deployments.get(self.engine_name)
-                if deployment is not None:
-                    return sum(n for state, n in deployment.replica_states.items() if state != "STOPPING")
+            application = serve.status().applications.get(serve.get_replica_context().app_name)
+            deployment = application.deployments.get(self.engine_name) if application else None
+            if deployment is not None:
+                gone = ("STOPPING", "STOPPED")
+                return sum(n for state, n in deployment.replica_states.items() if state not in gone)
         except Exception as exc:  # the controller is busy or restarting: keep the configured figure
             log.debug("serve.status() failed: %s", exc)
         return self._desired
@@ -134,6 +137,18 @@ class Front:
 
         await asyncio.wait_for(run(), PIN_TIMEOUT_S)
         return status, b"".join(chunks)
+
+
+async def _settled(call: Awaitable[T]) -> T | Exception:
+    """The call's result, or the exception it raised.
+
+    Pinned calls run one after another, never gathered: handle calls made while serving one request share
+    that request's internal id, and Serve's router matches pending requests by that id, so two at once
+    collide and one is never routed (seen as a 30 s hang of ``/metrics``)."""
+    try:
+        return await call
+    except Exception as exc:
+        return exc
 
 
 def local_model(store: ModelStore, target: str) -> Path | None:
@@ -193,10 +208,9 @@ def create_front_app(front: Front) -> FastAPI:
         counts = await front.counts()
         front.metrics.set_replicas(counts.ready, counts.desired)
         replicas = replica_ids()
-        answers = await asyncio.gather(
-            *(front.pinned(r, incoming_call(request, b"", uuid.uuid4().hex)) for r in replicas),
-            return_exceptions=True,
-        )
+        answers = [
+            await _settled(front.pinned(r, incoming_call(request, b"", uuid.uuid4().hex))) for r in replicas
+        ]
         per_replica: dict[str, bytes] = {}
         for replica, answer in zip(replicas, answers, strict=True):
             if isinstance(answer, BaseException):  # a replica going away while scraped: the others report
@@ -211,11 +225,16 @@ def create_front_app(front: Front) -> FastAPI:
         raw = await read_body(request, front.settings.max_request_bytes, front.settings.client_timeout)
         results: dict[str, Any] = {}
         replicas = replica_ids()
-        answers = await asyncio.gather(
-            *(front.pinned(r, incoming_call(request, raw, uuid.uuid4().hex)) for r in replicas)
-        )
-        for replica, (status, body) in zip(replicas, answers, strict=True):
-            results[replica] = {"status": status, "response": json.loads(body or b"null")}
+        answers = [
+            await _settled(front.pinned(r, incoming_call(request, raw, uuid.uuid4().hex))) for r in replicas
+        ]
+        for replica, answer in zip(replicas, answers, strict=True):
+            if isinstance(answer, BaseException):  # that replica did not answer in time (or went away)
+                log.warning("speculation switch on replica %s: %r", replica, answer)
+                error = APIError(504, f"Replica {replica} did not answer: {answer!r}", "server_error")
+                results[replica] = {"status": 504, "response": error.body()}
+            else:
+                results[replica] = {"status": answer[0], "response": json.loads(answer[1] or b"null")}
         if not results:
             raise unavailable("No engine replica is ready.", "no_replicas")
         statuses = {r["status"] for r in results.values()}
