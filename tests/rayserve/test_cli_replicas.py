@@ -23,6 +23,20 @@ GRACE_S = 30
 SERVE_CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "ray" / "serve-config.yaml"
 
 
+def wait_until_ready(process: subprocess.Popen[bytes], url: str, replicas: int, log_path: Path) -> None:
+    """Poll ``/ready`` until ``replicas`` are ready; the process's log if it exits or takes too long."""
+    deadline = time.monotonic() + READY_DEADLINE_S
+    while True:
+        assert process.poll() is None, log_path.read_text(errors="replace")
+        try:
+            if httpx.get(f"{url}/ready", timeout=5).json().get("replicas_ready") == replicas:
+                return
+        except (httpx.TransportError, ValueError):
+            pass
+        assert time.monotonic() < deadline, log_path.read_text(errors="replace")
+        time.sleep(0.5)
+
+
 @pytest.mark.ray
 @pytest.mark.timeout(300)
 def test_serve_replicas_serves_then_drains_on_sigterm_and_exits_0(
@@ -39,16 +53,7 @@ def test_serve_replicas_serves_then_drains_on_sigterm_and_exits_0(
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + READY_DEADLINE_S
-        while True:
-            assert process.poll() is None, log_path.read_text(errors="replace")
-            try:
-                if httpx.get(f"{url}/ready", timeout=5).json().get("replicas_ready") == 2:
-                    break
-            except (httpx.TransportError, ValueError):
-                pass
-            assert time.monotonic() < deadline, log_path.read_text(errors="replace")
-            time.sleep(0.5)
+        wait_until_ready(process, url, 2, log_path)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
         finished: list[str | None] = []
         ended_at: list[float] = []
@@ -120,16 +125,7 @@ def test_the_serve_config_file_runs_under_serve_run(tiny_models: TinyModels, tmp
         process = subprocess.Popen([str(serve_cli), "run", str(path)], stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + READY_DEADLINE_S
-        while True:
-            assert process.poll() is None, log_path.read_text(errors="replace")
-            try:
-                if httpx.get(f"{url}/ready", timeout=5).json().get("replicas_ready") == 1:
-                    break
-            except (httpx.TransportError, ValueError):
-                pass
-            assert time.monotonic() < deadline, log_path.read_text(errors="replace")
-            time.sleep(0.5)
+        wait_until_ready(process, url, 1, log_path)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
         completion = client.completions.with_raw_response.create(
             model="tiny-target", prompt="hello", max_tokens=4, temperature=0
