@@ -22,6 +22,9 @@ ROUTERS: weakref.WeakSet[Any] = weakref.WeakSet()
 """This process's engine routers (``router.PrefixAffinityRouter``): the front reads the running replicas from
 them. Kept here, not in the router's module, because Serve ships the router class by value."""
 
+REPLICA_HEADER = "x-specserve-replica"
+"""Names the engine replica that answered, on every relayed response."""
+
 RAY_EXTRA_HINT = "Ray Serve is not installed: pip install 'specserve[ray]'"
 
 

@@ -15,10 +15,9 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -43,7 +42,6 @@ log = logging.getLogger("specserve.rayserve")
 
 GENERATION = frozenset({"/v1/completions", "/v1/chat/completions"})
 PIN_TIMEOUT_S = 30.0
-T = TypeVar("T")
 STATUS_TTL_S = 2.0
 
 
@@ -87,13 +85,13 @@ class Front:
         req: p.CompletionRequest | p.ChatCompletionRequest
         if path == "/v1/chat/completions":
             req = p.parse_request(raw, p.ChatCompletionRequest)
-            if self.vocab is None:
-                return []
-            ids = chat_prompt_ids(self.vocab, req.chat_messages())
         else:
             req = p.parse_request(raw, p.CompletionRequest)
-            if self.vocab is None:
-                return []
+        if self.vocab is None:
+            return []
+        if isinstance(req, p.ChatCompletionRequest):
+            ids = chat_prompt_ids(self.vocab, req.chat_messages())
+        else:
             ids = self.vocab.tokenize(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
         salt = self.access.cache_salt(authorization, req.cache_salt)
         return [routing_key(h) for h in block_hashes(ids, salt)]
@@ -122,6 +120,25 @@ class Front:
             log.debug("serve.status() failed: %s", exc)
         return self._desired
 
+    async def each_replica(
+        self, request: Request, body: bytes
+    ) -> list[tuple[str, tuple[int, bytes] | Exception]]:
+        """``request`` (with ``body``) run on every running replica: (replica, (status, body) or the
+        exception it raised).
+
+        One replica after another, never gathered: handle calls made while serving one request share that
+        request's internal id, and Serve's router matches pending requests by that id, so two at once
+        collide and one is never routed (seen as a 30 s hang of ``/metrics``)."""
+        answers: list[tuple[str, tuple[int, bytes] | Exception]] = []
+        for replica in replica_ids():
+            try:
+                answers.append(
+                    (replica, await self.pinned(replica, incoming_call(request, body, uuid.uuid4().hex)))
+                )
+            except Exception as exc:
+                answers.append((replica, exc))
+        return answers
+
     async def pinned(self, replica: str, call: HTTPCall) -> tuple[int, bytes]:
         """Run ``call`` on one given replica; (status, body)."""
         call.pin = replica
@@ -137,18 +154,6 @@ class Front:
 
         await asyncio.wait_for(run(), PIN_TIMEOUT_S)
         return status, b"".join(chunks)
-
-
-async def _settled(call: Awaitable[T]) -> T | Exception:
-    """The call's result, or the exception it raised.
-
-    Pinned calls run one after another, never gathered: handle calls made while serving one request share
-    that request's internal id, and Serve's router matches pending requests by that id, so two at once
-    collide and one is never routed (seen as a 30 s hang of ``/metrics``)."""
-    try:
-        return await call
-    except Exception as exc:
-        return exc
 
 
 def local_model(store: ModelStore, target: str) -> Path | None:
@@ -207,13 +212,9 @@ def create_front_app(front: Front) -> FastAPI:
     async def metrics(request: Request) -> Response:
         counts = await front.counts()
         front.metrics.set_replicas(counts.ready, counts.desired)
-        replicas = replica_ids()
-        answers = [
-            await _settled(front.pinned(r, incoming_call(request, b"", uuid.uuid4().hex))) for r in replicas
-        ]
         per_replica: dict[str, bytes] = {}
-        for replica, answer in zip(replicas, answers, strict=True):
-            if isinstance(answer, BaseException):  # a replica going away while scraped: the others report
+        for replica, answer in await front.each_replica(request, b""):
+            if isinstance(answer, Exception):  # a replica going away while scraped: the others report
                 log.warning("metrics of replica %s: %s", replica, answer)
             elif answer[0] == 200:
                 per_replica[replica] = answer[1]
@@ -224,12 +225,8 @@ def create_front_app(front: Front) -> FastAPI:
     async def speculation(request: Request) -> Response:
         raw = await read_body(request, front.settings.max_request_bytes, front.settings.client_timeout)
         results: dict[str, Any] = {}
-        replicas = replica_ids()
-        answers = [
-            await _settled(front.pinned(r, incoming_call(request, raw, uuid.uuid4().hex))) for r in replicas
-        ]
-        for replica, answer in zip(replicas, answers, strict=True):
-            if isinstance(answer, BaseException):  # that replica did not answer in time (or went away)
+        for replica, answer in await front.each_replica(request, raw):
+            if isinstance(answer, Exception):  # that replica did not answer in time (or went away)
                 log.warning("speculation switch on replica %s: %r", replica, answer)
                 error = APIError(504, f"Replica {replica} did not answer: {answer!r}", "server_error")
                 results[replica] = {"status": 504, "response": error.body()}

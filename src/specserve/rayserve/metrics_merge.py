@@ -16,6 +16,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from specserve.rayserve import REPLICA_HEADER
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -54,7 +56,7 @@ class FrontMetrics:
 
     def routed(self, headers: Iterable[tuple[bytes, bytes]]) -> None:
         for key, value in headers:
-            if key.lower() == b"x-specserve-replica":
+            if key.lower() == REPLICA_HEADER.encode():
                 self.requests.labels(value.decode(errors="replace")).inc()
 
     def render(self) -> bytes:

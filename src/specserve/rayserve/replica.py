@@ -18,13 +18,13 @@ from specserve.config import with_secrets_from_env
 from specserve.engine.builder import build_engine
 from specserve.engine.prefix_cache import routing_key
 from specserve.logging import configure_logging
+from specserve.rayserve import REPLICA_HEADER
 from specserve.rayserve.asgi_bridge import HTTPCall, Part, run_asgi
 from specserve.server.app import create_app
 from specserve.server.state import ServerState
 
 log = logging.getLogger("specserve.rayserve")
 
-REPLICA_HEADER = "x-specserve-replica"
 MAX_REPORTED_HASHES = 32768
 """Block hashes one replica reports per routing-stats period (8 bytes each; 512 K tokens of prefixes)."""
 STATS_TIMEOUT_S = 5.0
