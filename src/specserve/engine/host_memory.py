@@ -4,8 +4,9 @@ The prefix cache's host tier keeps KV blobs of 3-30 MB each in an LRU and replac
 glibc serves an allocation from the heap unless it is above the mmap threshold, and raises that threshold
 (up to 32 MB) whenever a mapped block is freed — so after the first evictions every blob lands in the heap,
 and blobs of changing sizes fragment it. The hour-long soak showed it: once the 1 GiB tier was full, resident
-memory rose another 385 MiB over nine minutes before levelling off, with the Python heap flat; the same churn
-in a bare process holds 300-390 MiB over the tier with the default policy and 30 MiB with a fixed threshold.
+memory rose another 385 MiB over nine minutes before levelling off, with the Python heap flat. The same churn
+in a bare process (tests/engine/test_host_memory.py, a 128 MiB tier) holds 94 MiB over the tier with the
+default policy and 38 MiB with a fixed threshold.
 A fixed threshold (which also turns glibc's adjustment off) keeps every blob in a mapping of its own. 4 MiB
 sits above the engine's per-step arrays (a row of logits is 0.6 MB), which stay in the heap as before.
 """
