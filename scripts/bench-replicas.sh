@@ -51,7 +51,7 @@ stop "$single"
 
 # 3. Overhead per request: a tiny random model (written by the test helpers), speculation off, 8 tokens.
 tiny=$(mktemp -d)
-.venv/bin/python -c "import sys; from pathlib import Path; from specserve.testing.tiny_models import \
+PYTHONPATH=tests .venv/bin/python -c "import sys; from pathlib import Path; from support.tiny_models import \
 tiny_model_set; print(tiny_model_set(Path(sys.argv[1])).target)" "$tiny" > "$tiny/target"
 MODEL=(--target "$(cat "$tiny/target")" --draft none --drafter none --model-dir "$tiny/store")
 start_single "${MODEL[@]}"

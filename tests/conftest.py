@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from specserve.testing.tiny_models import TinyModels, tiny_model_set
+from support.tiny_models import TinyModels, tiny_model_set
 
 
 @pytest.fixture(scope="session")

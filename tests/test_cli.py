@@ -21,7 +21,7 @@ from cli_runner import run_cli as run_main
 from specserve.backends.llama_cpp import LlamaCppRuntime
 from specserve.chat import render_chat
 from specserve.config import Settings, redacted
-from specserve.testing.tiny_models import TinyModels
+from support.tiny_models import TinyModels
 
 REPEATING_PROMPT = "the the the the the the"
 

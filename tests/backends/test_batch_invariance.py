@@ -19,7 +19,7 @@ from specserve.backends import invariance, llama_cpp
 from specserve.backends.base import DecodeChunk
 from specserve.backends.invariance import InvarianceResult, check_batch_invariance, check_tokens
 from specserve.backends.llama_cpp import EXACT_MAX_ROWS, LlamaCppRuntime, build_is_batch_invariant
-from specserve.testing.quantized import tensor_types, tiny_kquant_model
+from support.quantized import tensor_types, tiny_kquant_model
 
 Logits = npt.NDArray[np.float32]
 OpenRuntime = Callable[..., LlamaCppRuntime]

@@ -17,7 +17,7 @@ import pytest
 from specserve.backends.base import DecodeChunk, ModelLoadError
 from specserve.backends.llama_cpp import LlamaCppRuntime
 from specserve.models import read_header
-from specserve.testing.tiny_models import CHAT_TEMPLATE, TinyModels, tiny_vocab
+from support.tiny_models import CHAT_TEMPLATE, TinyModels, tiny_vocab
 
 Logits = npt.NDArray[np.float32]
 OpenRuntime = Callable[..., LlamaCppRuntime]

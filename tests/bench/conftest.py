@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from server.process import ServerProcess, start_server, stop_server  # tests/ is on sys.path (rootdir)
-from specserve.testing.tiny_models import TinyModels
+from support.tiny_models import TinyModels
 
 
 @pytest.fixture(autouse=True)

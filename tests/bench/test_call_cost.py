@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from specserve.bench.call_cost import measure_exact_cost, time_calls
 from specserve.bench.engine_report import render_exact_cost
-from specserve.testing.tiny_models import TinyModels
+from support.tiny_models import TinyModels
 
 
 def test_time_calls_measures_every_size(tiny_models: TinyModels) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from cli_runner import run_cli
 from server.process import ServerProcess, free_port, start_server, stop_server
-from specserve.testing.tiny_models import TinyModels
+from support.tiny_models import TinyModels
 
 from .conftest import one_error_line
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from cli_runner import run_cli
-from specserve.testing.tiny_models import TinyModels
+from support.tiny_models import TinyModels
 
 from .conftest import model_args, one_error_line
 

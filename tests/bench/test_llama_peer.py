@@ -8,7 +8,7 @@ import pytest
 
 from specserve.backends.llama_cpp import LlamaCppRuntime
 from specserve.bench.llama_peer import SIDES, engine_tg, render_llama_peer, run_llama_bench, runtime_tests
-from specserve.testing.tiny_models import TinyModels
+from support.tiny_models import TinyModels
 
 
 def test_runtime_and_engine_sides_measure_what_llama_bench_does(tiny_models: TinyModels) -> None:

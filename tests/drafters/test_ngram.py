@@ -6,7 +6,7 @@ import pytest
 
 from specserve.drafters.base import DraftOption
 from specserve.drafters.ngram import NgramDrafter, match_bucket
-from specserve.engine.sequence import Sequence
+from specserve.sequence import Sequence
 from specserve.request import PositionalUniforms, SamplingParams
 
 

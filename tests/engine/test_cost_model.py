@@ -22,7 +22,7 @@ from specserve.engine.cost_model import (
     calibrate,
     probe_one_token,
 )
-from specserve.testing.tiny_models import TinyModels
+from support.tiny_models import TinyModels
 
 # -- from_samples ---------------------------------------------------------------------------------
 

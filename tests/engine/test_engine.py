@@ -15,14 +15,14 @@ import pytest
 from specserve.backends.llama_cpp import LlamaCppRuntime
 from specserve.drafters.base import Drafter
 from specserve.drafters.draft_model import DraftModelDrafter
-from specserve.drafters.length_policy import CostAwarePolicy, DraftLengthPolicy, FixedLengthPolicy
+from specserve.engine.draft_policy import CostAwarePolicy, DraftLengthPolicy, FixedLengthPolicy
 from specserve.drafters.ngram import NgramDrafter
 from specserve.engine.cost_model import CostModel, StepCostTable
 from specserve.engine.engine import EngineOptions, SpeculativeEngine
-from specserve.engine.sequence import Sequence, SpeculationOptions
+from specserve.sequence import Sequence, SpeculationOptions
 from specserve.request import SamplingParams
-from specserve.testing.faulty_drafter import ExplodingDrafter
-from specserve.testing.tiny_models import TinyModels
+from support.faulty_drafter import ExplodingDrafter
+from support.tiny_models import TinyModels
 
 PROMPT = "def add(self, other):\n    return self.value + other.value\n" * 2
 

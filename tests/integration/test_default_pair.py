@@ -12,10 +12,10 @@ from collections.abc import Iterator
 import pytest
 
 from specserve.config import Settings
-from specserve.drafters.length_policy import FixedLengthPolicy
+from specserve.engine.draft_policy import FixedLengthPolicy
 from specserve.engine.builder import build_engine
 from specserve.engine.engine import SpeculativeEngine
-from specserve.engine.sequence import SpeculationOptions
+from specserve.sequence import SpeculationOptions
 from specserve.models import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET, ModelStore
 from specserve.request import SamplingParams
 

@@ -13,7 +13,7 @@ import httpx
 import openai
 
 from specserve.config import Settings
-from specserve.testing.tiny_models import TinyModels
+from support.tiny_models import TinyModels
 
 READY_DEADLINE_S = 120.0
 

@@ -15,7 +15,7 @@ import openai
 import pytest
 import yaml
 
-from specserve.testing.tiny_models import TinyModels
+from support.tiny_models import TinyModels
 
 from .cluster import READY_DEADLINE_S, free_port
 

@@ -13,7 +13,7 @@ from specserve.engine.prefix_cache import block_hashes, routing_key
 from specserve.rayserve.replica import EngineReplica
 from specserve.request import SamplingParams
 from specserve.server.app import create_app
-from specserve.testing.tiny_models import TinyModels
+from support.tiny_models import TinyModels
 
 from .cluster import tiny_settings
 

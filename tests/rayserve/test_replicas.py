@@ -20,7 +20,7 @@ from specserve.chat import chat_prompt_ids
 from specserve.config import Settings
 from specserve.engine.builder import build_engine
 from specserve.request import SamplingParams
-from specserve.testing.tiny_models import TinyModels
+from support.tiny_models import TinyModels
 
 from .cluster import RayApp, free_port, replica_pids, sigkill, tiny_settings
 

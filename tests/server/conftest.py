@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from specserve.testing.tiny_models import TinyModels
+from support.tiny_models import TinyModels
 
 from .process import ServerProcess, start_server, stop_server
 

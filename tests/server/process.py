@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from specserve.testing.tiny_models import TinyModels
+from support.tiny_models import TinyModels
 
 READY_DEADLINE_S = 60.0
 

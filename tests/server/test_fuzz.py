@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from specserve.testing.tiny_models import TinyModels
+from support.tiny_models import TinyModels
 
 from .process import ServerProcess, start_server, stop_server
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from specserve.testing.tiny_models import TinyModels
+from support.tiny_models import TinyModels
 
 from .process import ServerProcess, start_server, stop_server
 

@@ -20,7 +20,7 @@ from specserve.engine.builder import BuildReport, build_engine
 from specserve.engine.engine import SpeculativeEngine
 from specserve.server import create_app
 from specserve.server.state import ServerState
-from specserve.testing.tiny_models import TinyModels
+from support.tiny_models import TinyModels
 
 from .process import free_port
 

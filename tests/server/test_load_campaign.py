@@ -13,7 +13,7 @@ import asyncio
 import pytest
 
 from specserve.reliability.load import campaign
-from specserve.testing.tiny_models import TinyModels
+from support.tiny_models import TinyModels
 
 from .process import start_server, stop_server
 

@@ -20,13 +20,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from specserve.backends.llama_cpp import LlamaCppRuntime
 from specserve.config import Settings
 from specserve.drafters.base import Drafter
-from specserve.drafters.length_policy import FixedLengthPolicy
+from specserve.engine.draft_policy import FixedLengthPolicy
 from specserve.drafters.ngram import NgramDrafter
 from specserve.engine.cost_model import CostModel, StepCostTable
 from specserve.engine.engine import EngineOptions, SpeculativeEngine
 from specserve.server import create_app
-from specserve.testing.faulty_drafter import ExplodingDrafter
-from specserve.testing.tiny_models import TinyModels
+from support.faulty_drafter import ExplodingDrafter
+from support.tiny_models import TinyModels
 
 from .process import free_port, start_server, stop_server
 from .test_lifecycle import running, wait_for

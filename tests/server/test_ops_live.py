@@ -16,8 +16,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from specserve.metrics import PREFIX
-from specserve.testing.tiny_models import TinyModels
+from specserve.server.metrics import PREFIX
+from support.tiny_models import TinyModels
 
 from .process import ServerProcess, start_server, stop_server
 

@@ -45,6 +45,7 @@ from specserve.backends.base import (
     RuntimeInfo,
 )
 from specserve.backends.invariance import check_batch_invariance
+from specserve.backends.llama_cpp_lib import llama_lib
 from specserve.backends.llama_cpp_vocab import VocabularyMethods
 
 # Capped exact mode: ggml's CPU backend switches K-quant matrix products to a tiled kernel at 8 rows
@@ -52,36 +53,7 @@ from specserve.backends.llama_cpp_vocab import VocabularyMethods
 # same vec_dot kernel as a one-token step.
 EXACT_MAX_ROWS = 7
 
-_BACKEND_READY = False
-_LOG_CALLBACK: Any = None  # keep the ctypes callback alive for the process lifetime
-_GGML_LOG_WARN = 3  # ggml.h: NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5
-_GGML_LOG_ERROR = 4
-_GGML_LOG_CONT = 5
 log = logging.getLogger("specserve.llama_cpp")
-
-
-def llama_lib() -> Any:
-    """Import llama_cpp lazily (it loads a shared library) and initialise the backend once."""
-    global _BACKEND_READY, _LOG_CALLBACK
-    import llama_cpp
-
-    if not _BACKEND_READY:
-        last_level = [0]
-
-        def forward(level: int, text: bytes, _user: Any) -> None:
-            # llama.cpp is chatty at load; keep its errors, send the rest to debug logging.
-            if level != _GGML_LOG_CONT:
-                last_level[0] = level
-            message = text.decode("utf-8", errors="replace").rstrip()
-            if message:
-                level_map = {_GGML_LOG_ERROR: logging.ERROR, _GGML_LOG_WARN: logging.INFO}
-                log.log(level_map.get(last_level[0], logging.DEBUG), "%s", message)
-
-        _LOG_CALLBACK = llama_cpp.llama_log_callback(forward)
-        llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
-        llama_cpp.llama_backend_init()
-        _BACKEND_READY = True
-    return llama_cpp
 
 
 def _kv_bytes_per_token(lib: Any, model: Any) -> int:

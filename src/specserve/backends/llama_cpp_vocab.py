@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from specserve.backends.base import DecodeError, ModelLoadError
+from specserve.backends.llama_cpp_lib import llama_lib
 
 
 class VocabularyMethods:
@@ -64,8 +65,6 @@ class LlamaCppVocabulary(VocabularyMethods):
     """The vocabulary of a GGUF model, loaded without its weights."""
 
     def __init__(self, path: str | Path) -> None:
-        from specserve.backends.llama_cpp import llama_lib
-
         self._lib = llama_lib()
         params = self._lib.llama_model_default_params()
         params.vocab_only = True

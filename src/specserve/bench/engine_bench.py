@@ -19,12 +19,12 @@ from typing import Any
 from specserve.chat import chat_prompt_ids
 from specserve.config import Settings
 from specserve.drafters.base import Drafter
-from specserve.drafters.length_policy import CostAwarePolicy, DraftLengthPolicy, FixedLengthPolicy
+from specserve.engine.draft_policy import CostAwarePolicy, DraftLengthPolicy, FixedLengthPolicy
 from specserve.drafters.registry import DrafterContext, build_drafter
 from specserve.engine.builder import draft_model_can_pay, exact_rows, open_runtime
 from specserve.engine.cost_model import CostModel, calibrate
 from specserve.engine.engine import EngineOptions, SpeculativeEngine
-from specserve.engine.sequence import Sequence
+from specserve.sequence import Sequence
 from specserve.request import SamplingParams
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from specserve.drafters.length_policy import expected_tokens
+from specserve.engine.draft_policy import expected_tokens
 
 ALPHAS = (0.6, 0.7, 0.8, 0.9)
 

@@ -29,7 +29,7 @@ from typing import Any
 from specserve.bench.inprocess import Models
 from specserve.bench.workloads import Workload
 from specserve.drafters.base import Drafter, DraftOption
-from specserve.drafters.length_policy import (
+from specserve.engine.draft_policy import (
     CostAwarePolicy,
     DraftLengthPolicy,
     DraftPlan,
@@ -37,7 +37,7 @@ from specserve.drafters.length_policy import (
 )
 from specserve.engine.builder import exact_rows
 from specserve.engine.cost_model import CostModel
-from specserve.engine.sequence import Sequence
+from specserve.sequence import Sequence
 from specserve.request import SamplingParams
 
 MARGIN = 0.03  # as CostAwarePolicy: leaving plain decoding needs a clear win

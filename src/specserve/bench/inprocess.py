@@ -19,12 +19,12 @@ from specserve.backends.base import DecodeChunk, ModelRuntime
 from specserve.chat import chat_prompt_ids
 from specserve.config import Settings
 from specserve.drafters.base import Drafter
-from specserve.drafters.length_policy import DraftLengthPolicy, FixedLengthPolicy
+from specserve.engine.draft_policy import DraftLengthPolicy, FixedLengthPolicy
 from specserve.drafters.registry import DrafterContext, build_drafter
 from specserve.engine.builder import calibration_key, open_runtime
 from specserve.engine.cost_model import CostModel, cached_calibration
 from specserve.engine.engine import EngineOptions, SpeculativeEngine
-from specserve.engine.sequence import Sequence
+from specserve.sequence import Sequence
 from specserve.request import SamplingParams
 
 SCORE_CHUNK = 256  # tokens per decode call when scoring (within every runtime's batch capacity)

@@ -30,7 +30,7 @@ import numpy as np
 
 from specserve.backends.base import DecodeChunk, ModelRuntime
 from specserve.bench.fresh_process import run_json_module
-from specserve.drafters.length_policy import FixedLengthPolicy
+from specserve.engine.draft_policy import FixedLengthPolicy
 from specserve.engine.builder import flat_costs
 from specserve.engine.cost_model import CostModel
 from specserve.engine.engine import EngineOptions, SpeculativeEngine

@@ -15,7 +15,7 @@ from typing import ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from specserve.engine.sequence import Sequence
+from specserve.sequence import Sequence
 
 
 class DrafterError(Exception):

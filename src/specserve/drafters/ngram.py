@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from specserve.drafters.base import Drafter, DraftOption, Proposal
 from specserve.drafters.registry import DrafterContext
-from specserve.engine.sequence import Sequence
+from specserve.sequence import Sequence
 
 _BUCKET_EDGES = (2, 4, 8, 16)  # match length buckets: <=2, 3-4, 5-8, 9-16, 17+
 _MAX_CANDIDATES = 16  # how many earlier occurrences to extend (latest first)

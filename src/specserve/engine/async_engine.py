@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from specserve.engine.engine import RequestOutput, SpeculativeEngine
-from specserve.engine.sequence import SpeculationOptions
+from specserve.sequence import SpeculationOptions
 from specserve.request import SamplingParams
 
 log = logging.getLogger("specserve.async_engine")

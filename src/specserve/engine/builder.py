@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from specserve.backends.base import ModelRuntime
 from specserve.config import Settings
 from specserve.drafters.base import Drafter
-from specserve.drafters.length_policy import CostAwarePolicy, DraftLengthPolicy, FixedLengthPolicy
+from specserve.engine.draft_policy import CostAwarePolicy, DraftLengthPolicy, FixedLengthPolicy
 from specserve.drafters.registry import DrafterContext, build_drafter
 from specserve.engine.cost_model import CostModel, StepCostTable, cached_calibration
 from specserve.engine.engine import EngineOptions, SpeculativeEngine

@@ -19,12 +19,12 @@ import numpy.typing as npt
 
 from specserve.backends.base import DecodeChunk, ModelRuntime
 from specserve.drafters.base import Drafter, DraftOption, Proposal
-from specserve.drafters.length_policy import DraftLengthPolicy, DraftPlan
+from specserve.engine.draft_policy import DraftLengthPolicy, DraftPlan
 from specserve.engine.cost_model import CostModel
 from specserve.engine.output_text import OutputText
 from specserve.engine.prefix_cache import PrefixCache
 from specserve.engine.scheduler import Scheduler
-from specserve.engine.sequence import Sequence, SequenceStatus, SpeculationOptions
+from specserve.sequence import Sequence, SequenceStatus, SpeculationOptions
 from specserve.engine.stats import EngineStats
 from specserve.request import ACCEPT_STREAM, SAMPLE_STREAM, PositionalUniforms, SamplingParams
 from specserve.verify import filter_logits_to_probs, verify_greedy, verify_rejection

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from specserve.backends.base import ModelRuntime
 from specserve.engine.host_memory import map_large_blocks
-from specserve.engine.sequence import Sequence
+from specserve.sequence import Sequence
 
 log = logging.getLogger("specserve.prefix_cache")
 

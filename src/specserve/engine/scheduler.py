@@ -13,7 +13,7 @@ from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
-from specserve.engine.sequence import Sequence, SequenceStatus
+from specserve.sequence import Sequence, SequenceStatus
 
 
 @dataclass

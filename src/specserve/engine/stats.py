@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from specserve.engine.sequence import AcceptanceCounts, Sequence
+from specserve.sequence import AcceptanceCounts, Sequence
 
 
 @dataclass

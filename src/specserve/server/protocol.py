@@ -33,7 +33,7 @@ from pydantic import (
     model_validator,
 )
 
-from specserve.engine.sequence import Sequence, SpeculationOptions
+from specserve.sequence import Sequence, SpeculationOptions
 from specserve.request import SamplingParams
 from specserve.server.errors import from_validation, invalid_request
 from specserve.server.request_body import json_object

@@ -26,7 +26,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine import RequestOutput
-from specserve.engine.sequence import Sequence
+from specserve.sequence import Sequence
 from specserve.server import protocol as p
 from specserve.server.errors import from_engine_error, internal_error
 from specserve.server.middleware import note_stream_error

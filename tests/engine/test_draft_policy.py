@@ -8,7 +8,7 @@ from collections.abc import Sequence as Seq
 import pytest
 
 from specserve.drafters.base import Drafter, DraftOption, Proposal
-from specserve.drafters.length_policy import (
+from specserve.engine.draft_policy import (
     PRIOR_ACCEPTANCE,
     CostAwarePolicy,
     DraftPlan,
@@ -17,7 +17,7 @@ from specserve.drafters.length_policy import (
 )
 from specserve.drafters.ngram import NgramDrafter
 from specserve.engine.cost_model import CostModel, StepCostTable
-from specserve.engine.sequence import Sequence
+from specserve.sequence import Sequence
 from specserve.request import PositionalUniforms, SamplingParams
 
 Options = dict[str, tuple[Drafter, DraftOption]]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from specserve.drafters.base import Drafter, DraftOption
 from specserve.engine.cost_model import CostModel
-from specserve.engine.sequence import Sequence
+from specserve.sequence import Sequence
 
 # Prior acceptance per bucket before anything is measured; long n-gram matches are usually copy regions.
 PRIOR_ACCEPTANCE: dict[str, float] = {

@@ -34,7 +34,7 @@ from prometheus_client import (
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine import RequestOutput
 from specserve.engine.prefix_cache import PrefixCacheStats
-from specserve.engine.sequence import Sequence
+from specserve.sequence import Sequence
 from specserve.engine.stats import EngineStats
 
 PREFIX = "specserve:"

@@ -21,7 +21,7 @@ from gguf import TokenType
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from specserve.models.compat import check_draft_compatible, read_vocab
-from specserve.testing.tiny_models import (
+from support.tiny_models import (
     CHAT_TEMPLATE,
     SPECIAL_TOKENS,
     TinyModels,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 
 from specserve.drafters.base import Drafter, DraftOption, Proposal
-from specserve.engine.sequence import Sequence
+from specserve.sequence import Sequence
 
 
 class ExplodingDrafter(Drafter):

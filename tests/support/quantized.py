@@ -16,7 +16,7 @@ from typing import Any
 
 import gguf
 
-from specserve.testing.tiny_models import write_tiny_model
+from support.tiny_models import write_tiny_model
 
 # llama.h: enum llama_ftype
 FTYPES = {"Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
