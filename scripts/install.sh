@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv and install specserve with a llama-cpp-python built for this machine (cached between runs).
-# Usage: scripts/install.sh [--dev]
+# Usage: scripts/install.sh [--dev | --tools]
+#   --tools: with specserve bench / verify / evaluate (the tools extra); --dev: tools, Ray and test deps
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -8,6 +9,11 @@ PY="${PYTHON:-python3}"
 .venv/bin/python -m pip install --quiet --upgrade pip
 wheel=$(PYTHON=.venv/bin/python scripts/build-llama-cpp.sh)
 extra=""
-[[ "${1:-}" == "--dev" ]] && extra="[dev]"
+case "${1:-}" in
+  --dev) extra="[dev]" ;;
+  --tools) extra="[tools]" ;;
+  "") ;;
+  *) echo "usage: scripts/install.sh [--dev | --tools]" >&2; exit 2 ;;
+esac
 .venv/bin/python -m pip install --quiet "$wheel" -e ".$extra"
 echo "installed: $(.venv/bin/specserve --help >/dev/null && echo specserve) in .venv" >&2

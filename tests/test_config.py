@@ -5,11 +5,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import typing
 from pathlib import Path
 
 import pytest
 
-from specserve.config import Settings, SettingsError, add_arguments, env_name, load_settings, redacted
+from specserve.config import (
+    SettingGroup,
+    Settings,
+    SettingsError,
+    add_arguments,
+    env_name,
+    load_settings,
+    redacted,
+)
 
 
 def parse(*flags: str) -> argparse.Namespace:
@@ -62,10 +71,16 @@ def test_every_setting_has_a_flag_and_an_env_name() -> None:
         assert env_name(f.name) == "SPECSERVE_" + f.name.upper()
 
 
-def test_add_arguments_subset() -> None:
+def test_add_arguments_by_group() -> None:
     parser = argparse.ArgumentParser()
-    add_arguments(parser, ("target", "context_size"))
-    assert set(vars(parser.parse_args([]))) == {"target", "context_size"}
+    add_arguments(parser, ("models",), exclude=("calibration_cache",))
+    expected = {"target", "draft", "model_dir", "context_size", "threads", "gpu_layers", "exact"}
+    assert set(vars(parser.parse_args([]))) == expected
+
+
+def test_every_setting_has_a_group() -> None:
+    groups = typing.get_args(SettingGroup)
+    assert all(f.metadata["group"] in groups for f in dataclasses.fields(Settings))
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from specserve.backends.base import Vocabulary
+from specserve.errors import UserError
 
 # Used when a model ships no template: ChatML, the format of the Qwen family.
 CHATML = (
@@ -17,7 +18,7 @@ CHATML = (
 ROLES = ("system", "user", "assistant", "tool")
 
 
-class ChatTemplateError(ValueError):
+class ChatTemplateError(UserError, ValueError):
     """The messages cannot be rendered (bad roles or contents, or a template error)."""
 
 

@@ -11,31 +11,19 @@ import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from specserve.config import Settings, SettingsError, add_arguments, load_settings, redacted
+from specserve.config import SettingGroup, Settings, add_arguments, load_settings, redacted
+from specserve.errors import UserError
 
-GENERATE_SETTINGS = (
-    "target",
-    "draft",
-    "model_dir",
-    "context_size",
-    "threads",
-    "exact",
-    "drafter",
-    "num_draft_tokens",
-    "draft_policy",
-    "ngram_min_n",
-    "draft_p_min",
-    "load_draft",
-    "gpu_layers",
-)
+ENGINE_GROUPS: tuple[SettingGroup, ...] = ("models", "speculation")
+"""The settings of a command that builds an engine without serving it (``generate``, ``bench``)."""
 
 
 # Modules that add their own subcommands: each has ``add_subcommands(subparsers)`` and sets a ``handler``
 # default (a function of the parsed arguments returning the exit status) on its parsers.
-PLUGIN_COMMANDS: tuple[str, ...] = ("specserve.bench.commands",)
+PLUGIN_COMMANDS: tuple[str, ...] = ("specserve.tools.commands",)
 
 
-class CliError(Exception):
+class CliError(UserError):
     """A user error reported as one line, exit status 2."""
 
 
@@ -65,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--ignore-eos", action="store_true", help="Generate max tokens even past EOS.")
     gen.add_argument("--json", action="store_true", help="Print one JSON object.")
     gen.add_argument("--config", default=None, help="YAML settings file.")
-    add_arguments(gen, GENERATE_SETTINGS)
+    add_arguments(gen, ENGINE_GROUPS)
 
     models = sub.add_parser("models", help="Pull, list and verify models.")
     models.add_argument("action", choices=["pull", "list", "verify"])
@@ -119,17 +107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             shown = redacted(settings) | {"exactness": _planned_exactness(settings.exact)}
             print(json.dumps(shown, indent=2))
             return 0
-    except (CliError, SettingsError, ValueError) as exc:
+    except UserError as exc:  # ours: a bad flag, setting, model or file; anything else is a bug
         _fail(str(exc))
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:
-        from specserve.backends.base import BackendError
-        from specserve.models import ModelStoreError
-
-        if isinstance(exc, BackendError | ModelStoreError):
-            _fail(str(exc))
-        raise
     return 1
 
 
@@ -165,16 +146,19 @@ def _planned_exactness(exact: bool) -> dict[str, object]:
 def _sampling(args: argparse.Namespace) -> Any:
     from specserve.request import SamplingParams
 
-    return SamplingParams(
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        min_p=args.min_p,
-        seed=args.seed,
-        max_tokens=args.max_tokens,
-        stop=tuple(args.stop),
-        ignore_eos=args.ignore_eos,
-    )
+    try:
+        return SamplingParams(
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            min_p=args.min_p,
+            seed=args.seed,
+            max_tokens=args.max_tokens,
+            stop=tuple(args.stop),
+            ignore_eos=args.ignore_eos,
+        )
+    except ValueError as exc:  # SamplingParams names the bad value
+        raise CliError(str(exc)) from None
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -195,7 +179,10 @@ def _generate(args: argparse.Namespace) -> int:
         else:
             prompt_ids = runtime.tokenize(args.prompt)
         start = time.perf_counter()
-        seq = engine.add_request("cli-0", prompt_ids, params)
+        try:
+            seq = engine.add_request("cli-0", prompt_ids, params)
+        except ValueError as exc:  # the prompt does not fit the context
+            raise CliError(str(exc)) from None
         while engine.has_work():
             for out in engine.step():
                 if not args.json:

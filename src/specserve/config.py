@@ -19,114 +19,182 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-DrafterChoice = Literal["auto", "none", "ngram", "draft-model"]
+from specserve.errors import UserError
+
+DrafterName = Literal["ngram", "draft-model"]
+"""The drafters specserve can build (``drafters.registry`` has one factory per name)."""
+DrafterChoice = Literal["auto", "none", DrafterName]
+"""A drafter setting: one drafter, ``auto`` (the cost policy chooses among the loaded ones) or ``none``."""
 PolicyChoice = Literal["cost", "fixed"]
 
 
-def _setting(default: Any, help: str, flag: str | None = None, secret: bool = False) -> Any:
-    return field(default=default, metadata={"help": help, "flag": flag, "secret": secret})
+SettingGroup = Literal["models", "speculation", "batching", "server", "scale-out", "operations"]
+"""What a setting is about; a command takes the flags of the groups it uses (``add_arguments``)."""
 
 
-class SettingsError(ValueError):
+def _setting(
+    default: Any, help: str, flag: str | None = None, secret: bool = False, *, group: SettingGroup
+) -> Any:
+    return field(default=default, metadata={"help": help, "flag": flag, "secret": secret, "group": group})
+
+
+class SettingsError(UserError, ValueError):
     """An invalid setting; the message names it."""
 
 
 @dataclass(frozen=True)
 class Settings:
     # -- models
-    target: str = _setting("qwen2.5-coder-1.5b-instruct", "Target model: a catalog name or a GGUF path.")
-    draft: str | None = _setting(
-        "qwen2.5-coder-0.5b-instruct", "Draft model: a catalog name, a GGUF path, or 'none'."
+    target: str = _setting(
+        "qwen2.5-coder-1.5b-instruct", "Target model: a catalog name or a GGUF path.", group="models"
     )
-    model_dir: str | None = _setting(None, "Model cache directory (default ~/.cache/specserve/models).")
-    context_size: int = _setting(4096, "Context length per sequence, in tokens.", "--ctx-size")
-    threads: int | None = _setting(None, "CPU threads for llama.cpp (default: all cores).")
-    gpu_layers: int = _setting(0, "Layers to offload to a GPU (needs a GPU build of llama-cpp-python).")
+    draft: str | None = _setting(
+        "qwen2.5-coder-0.5b-instruct",
+        "Draft model: a catalog name, a GGUF path, or 'none'.",
+        group="models",
+    )
+    model_dir: str | None = _setting(
+        None, "Model cache directory (default ~/.cache/specserve/models).", group="models"
+    )
+    context_size: int = _setting(
+        4096, "Context length per sequence, in tokens.", "--ctx-size", group="models"
+    )
+    threads: int | None = _setting(None, "CPU threads for llama.cpp (default: all cores).", group="models")
+    gpu_layers: int = _setting(
+        0, "Layers to offload to a GPU (needs a GPU build of llama-cpp-python).", group="models"
+    )
     exact: bool = _setting(
         True,
         "Exact mode: batch-invariant kernels (patched llama.cpp, proved at load), so greedy speculative "
         "output equals plain greedy output token for token. Without the patch: no flash attention, "
         "no weight repacking and verify calls of at most 7 rows (docs/EXACTNESS.md).",
+        group="models",
+    )
+    calibration_cache: bool = _setting(
+        True,
+        "Reuse a cost calibration measured in the last 24 h for the same model file, threads and mode.",
+        group="models",
     )
     # -- speculation
     drafter: DrafterChoice = _setting(
-        "auto", "Drafter: auto (cost-aware choice among loaded drafters), none, ngram, draft-model."
+        "auto",
+        "Drafter: auto (cost-aware choice among loaded drafters), none, ngram, draft-model.",
+        group="speculation",
     )
-    num_draft_tokens: int = _setting(16, "Maximum draft tokens per step.")
+    num_draft_tokens: int = _setting(16, "Maximum draft tokens per step.", group="speculation")
     draft_policy: PolicyChoice = _setting(
-        "cost", "Draft length policy: cost (measured cost model, may draft 0) or fixed (always the maximum)."
+        "cost",
+        "Draft length policy: cost (measured cost model, may draft 0) or fixed (always the maximum).",
+        group="speculation",
     )
-    ngram_min_n: int = _setting(2, "Shortest suffix the n-gram drafter looks up.")
-    draft_p_min: float = _setting(0.6, "The draft model stops drafting when its top probability is lower.")
+    ngram_min_n: int = _setting(2, "Shortest suffix the n-gram drafter looks up.", group="speculation")
+    draft_p_min: float = _setting(
+        0.6, "The draft model stops drafting when its top probability is lower.", group="speculation"
+    )
     load_draft: Literal["auto", "always", "never"] = _setting(
         "auto",
         "Load the draft model: always (fail without it), never, or auto (only when the cost model says "
         "it could pay, or when --drafter draft-model asks for it).",
-    )
-    calibration_cache: bool = _setting(
-        True, "Reuse a cost calibration measured in the last 24 h for the same model file, threads and mode."
+        group="speculation",
     )
     # -- batching
-    max_running: int = _setting(4, "Maximum sequences decoded together.", "--max-running")
-    prefill_chunk: int = _setting(256, "Prompt tokens evaluated per engine step (chunked prefill).")
+    max_running: int = _setting(4, "Maximum sequences decoded together.", "--max-running", group="batching")
+    prefill_chunk: int = _setting(
+        256, "Prompt tokens evaluated per engine step (chunked prefill).", group="batching"
+    )
     prefix_cache: bool = _setting(
         True,
         "Automatic prefix caching: a request reuses the KV of the longest prompt prefix an earlier request "
         "computed (same cache salt), kept in its slot, copied from another, or loaded from host RAM.",
+        group="batching",
     )
     prefix_cache_ram: int = _setting(
-        1024, "Host-RAM tier of the prefix cache, MiB (KV of slots about to be overwritten; 0 = off)."
+        1024,
+        "Host-RAM tier of the prefix cache, MiB (KV of slots about to be overwritten; 0 = off).",
+        group="batching",
     )
 
     # -- server
-    host: str = _setting("127.0.0.1", "Address the HTTP server binds to.")
-    port: int = _setting(8000, "TCP port of the HTTP server.")
+    host: str = _setting("127.0.0.1", "Address the HTTP server binds to.", group="server")
+    port: int = _setting(8000, "TCP port of the HTTP server.", group="server")
     served_model_name: str | None = _setting(
-        None, "Model id reported by /v1/models and accepted in requests (default: the target's name)."
+        None,
+        "Model id reported by /v1/models and accepted in requests (default: the target's name).",
+        group="server",
     )
-    max_waiting: int = _setting(64, "Requests allowed to wait for a free sequence slot; more get 429.")
-    request_timeout: float = _setting(600.0, "Seconds a request may take before it is aborted (0 = none).")
-    max_request_bytes: int = _setting(1_000_000, "Largest accepted request body, in bytes.")
+    max_waiting: int = _setting(
+        64, "Requests allowed to wait for a free sequence slot; more get 429.", group="server"
+    )
+    request_timeout: float = _setting(
+        600.0, "Seconds a request may take before it is aborted (0 = none).", group="server"
+    )
+    max_request_bytes: int = _setting(1_000_000, "Largest accepted request body, in bytes.", group="server")
     stream_keepalive: float = _setting(
-        5.0, "Seconds between SSE keep-alive comments while a stream waits for a slot and its first token."
+        5.0,
+        "Seconds between SSE keep-alive comments while a stream waits for a slot and its first token.",
+        group="server",
     )
     client_timeout: float = _setting(
         10.0,
         "Seconds a client has to send a request's headers, and then its body; a streaming client that reads "
         "nothing for 3 times this is cut off and its request cancelled.",
+        group="server",
     )
     max_connections: int = _setting(
-        256, "Open HTTP connections allowed; more are closed at once (put a proxy in front for more)."
+        256,
+        "Open HTTP connections allowed; more are closed at once (put a proxy in front for more).",
+        group="server",
     )
     shutdown_grace_seconds: float = _setting(
-        30.0, "On SIGTERM, seconds in-flight requests may take to finish before the server exits."
+        30.0,
+        "On SIGTERM, seconds in-flight requests may take to finish before the server exits.",
+        group="server",
     )
     # -- scale-out (Ray Serve; needs the extra: pip install 'specserve[ray]')
     replicas: int = _setting(
         0,
         "Engine replicas behind one endpoint on Ray Serve (0 = the single-process server). Each replica runs "
         "its own engine with --threads threads (default 1 here) and reserves that many Ray CPUs.",
+        group="scale-out",
     )
     ray_address: str | None = _setting(
-        None, "Ray cluster to join with --replicas (e.g. ray://head:10001 or auto; default: start one here)."
+        None,
+        "Ray cluster to join with --replicas (e.g. ray://head:10001 or auto; default: start one here).",
+        group="scale-out",
     )
     # -- operations
-    log_format: Literal["json", "text"] = _setting("json", "Server log lines: json objects or text.")
+    log_format: Literal["json", "text"] = _setting(
+        "json", "Server log lines: json objects or text.", group="operations"
+    )
     log_level: Literal["debug", "info", "warning", "error"] = _setting(
-        "info", "Server log level (info logs one summary line per request)."
+        "info",
+        "Server log level (info logs one summary line per request).",
+        group="operations",
     )
-    log_prompts: bool = _setting(False, "Log prompt and output text in request lines (off: never logged).")
+    log_prompts: bool = _setting(
+        False, "Log prompt and output text in request lines (off: never logged).", group="operations"
+    )
     api_keys: str | None = _setting(
-        None, "Comma-separated API keys for /v1/* (environment only: SPECSERVE_API_KEYS).", secret=True
+        None,
+        "Comma-separated API keys for /v1/* (environment only: SPECSERVE_API_KEYS).",
+        secret=True,
+        group="operations",
     )
-    api_key_file: str | None = _setting(None, "File of API keys, one per line ('#' starts a comment).")
+    api_key_file: str | None = _setting(
+        None, "File of API keys, one per line ('#' starts a comment).", group="operations"
+    )
     admin_key: str | None = _setting(
         None,
         "Key for /admin/* endpoints (environment only: SPECSERVE_ADMIN_KEY; unset = disabled).",
         secret=True,
+        group="operations",
     )
-    rate_limit_per_minute: int = _setting(0, "Requests per minute per API key, token bucket (0 = no limit).")
-    metrics_require_key: bool = _setting(False, "Require an API key for GET /metrics (default: public).")
+    rate_limit_per_minute: int = _setting(
+        0, "Requests per minute per API key, token bucket (0 = no limit).", group="operations"
+    )
+    metrics_require_key: bool = _setting(
+        False, "Require an API key for GET /metrics (default: public).", group="operations"
+    )
 
     def validate(self) -> Settings:
         def positive(name: str) -> None:
@@ -201,11 +269,18 @@ def env_name(name: str) -> str:
     return "SPECSERVE_" + name.upper()
 
 
-def add_arguments(parser: argparse.ArgumentParser, names: tuple[str, ...] | None = None) -> None:
-    """Add one flag per setting (all defaults None, so unset flags don't override lower sources)."""
+def add_arguments(
+    parser: argparse.ArgumentParser,
+    groups: tuple[SettingGroup, ...] | None = None,
+    exclude: tuple[str, ...] = (),
+) -> None:
+    """Add one flag per setting of ``groups`` (default: every group) but ``exclude``; all defaults None, so
+    unset flags don't override lower sources."""
     hints = _hints()
     for f in dataclasses.fields(Settings):
-        if (names is not None and f.name not in names) or f.metadata["secret"]:
+        if (groups is not None and f.metadata["group"] not in groups) or f.name in exclude:
+            continue
+        if f.metadata["secret"]:
             continue  # secrets have no flag: command lines are visible to every user of the machine
         tp = hints[f.name]
         kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": f.metadata["help"]}

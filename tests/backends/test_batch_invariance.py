@@ -144,3 +144,53 @@ def test_fast_mode_skips_the_check(open_runtime: OpenRuntime, monkeypatch: pytes
 def test_result_describes_the_mismatch() -> None:
     bad = InvarianceResult(rows=16, max_abs_diff=0.37, first_mismatch=4)
     assert not bad.ok and "row 4 of a 16-row batch" in bad.describe() and "0.37" in bad.describe()
+
+
+def decode_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Rows of every llama_decode call from now on (the real calls, counted on the way in)."""
+    import llama_cpp as lib
+
+    rows: list[int] = []
+    real = lib.llama_decode
+
+    def counting(ctx: object, batch: lib.llama_batch) -> int:
+        rows.append(int(batch.n_tokens))
+        return int(real(ctx, batch))
+
+    monkeypatch.setattr(lib, "llama_decode", counting)
+    return rows
+
+
+def test_capped_call_rows_are_the_calls_decode_makes(
+    open_runtime: OpenRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The policy prices a step with ``call_rows``: in capped mode a prompt chunk of 8+ rows runs alone,
+    and smaller chunks — a short prompt tail among them — share calls of at most 7 rows."""
+    monkeypatch.setattr(llama_cpp, "build_is_batch_invariant", lambda: False)
+    runtime = open_runtime(max_sequences=4, batch_capacity=64)
+    assert runtime.call_rows([100, 3, 5, 2]) == [64, 36, 3, 7]
+    assert runtime.call_rows([3, 2, 2]) == [7]
+    prompt = check_tokens(runtime, 100)
+    chunks = [
+        DecodeChunk(0, prompt, 0, 1),
+        DecodeChunk(1, prompt[:3], 0, 3),  # a prompt tail of 3 rows packs with verify rows
+        DecodeChunk(2, prompt[:5], 0, 5),
+        DecodeChunk(3, prompt[:2], 0, 2),
+    ]
+    calls = decode_calls(monkeypatch)
+    runtime.decode(chunks)
+    assert calls == runtime.call_rows([len(c.tokens) for c in chunks])
+
+
+def test_batch_invariant_call_rows_are_one_call_per_capacity(
+    open_runtime: OpenRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime = open_runtime(max_sequences=2, batch_capacity=64)
+    assert runtime.info.exactness == "batch-invariant"
+    assert runtime.call_rows([3, 2]) == [5]
+    assert runtime.call_rows([100, 3]) == [64, 39]
+    assert runtime.call_rows([]) == []
+    prompt = check_tokens(runtime, 100)
+    calls = decode_calls(monkeypatch)
+    runtime.decode([DecodeChunk(0, prompt, 0, 1), DecodeChunk(1, prompt[:3], 0, 3)])
+    assert calls == [64, 39]

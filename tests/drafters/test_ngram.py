@@ -6,8 +6,8 @@ import pytest
 
 from specserve.drafters.base import DraftOption
 from specserve.drafters.ngram import NgramDrafter, match_bucket
-from specserve.sequence import Sequence
 from specserve.request import PositionalUniforms, SamplingParams
+from specserve.sequence import Sequence
 
 
 def make_seq(prompt_ids: list[int], output_ids: list[int] | None = None) -> Sequence:

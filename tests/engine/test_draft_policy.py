@@ -8,6 +8,8 @@ from collections.abc import Sequence as Seq
 import pytest
 
 from specserve.drafters.base import Drafter, DraftOption, Proposal
+from specserve.drafters.ngram import NgramDrafter
+from specserve.engine.cost_model import CostModel, StepCostTable
 from specserve.engine.draft_policy import (
     PRIOR_ACCEPTANCE,
     CostAwarePolicy,
@@ -15,10 +17,8 @@ from specserve.engine.draft_policy import (
     FixedLengthPolicy,
     expected_tokens,
 )
-from specserve.drafters.ngram import NgramDrafter
-from specserve.engine.cost_model import CostModel, StepCostTable
-from specserve.sequence import Sequence
 from specserve.request import PositionalUniforms, SamplingParams
+from specserve.sequence import Sequence
 
 Options = dict[str, tuple[Drafter, DraftOption]]
 
@@ -178,8 +178,8 @@ def test_observe_ignores_plain_steps_and_empty_drafts() -> None:
 
 
 @pytest.mark.parametrize("table", [gpu_like, cpu_like])
-@pytest.mark.parametrize("extra_tokens", [0, 1, 48, 200])
-def test_extra_tokens_keep_plans_valid(table: Callable[[], StepCostTable], extra_tokens: int) -> None:
+@pytest.mark.parametrize("prefill_rows", [[], [1], [48], [200, 3]])
+def test_prefill_rows_keep_plans_valid(table: Callable[[], StepCostTable], prefill_rows: list[int]) -> None:
     policy = CostAwarePolicy(CostModel(table()))
     seqs = [make_seq(str(i)) for i in range(4)]
     options: list[Options] = [
@@ -188,20 +188,20 @@ def test_extra_tokens_keep_plans_valid(table: Callable[[], StepCostTable], extra
         {"stub": (StubDrafter(DraftOption(5, "x")), DraftOption(5, "x")), **ngram_option(0, "")},
         {},
     ]
-    plans = policy.plan(seqs, options, extra_tokens=extra_tokens)
+    plans = policy.plan(seqs, options, prefill_rows)
     assert_valid(plans, options)
     assert plans[3] == DraftPlan()
-    if table is cpu_like and extra_tokens == 0:
+    if table is cpu_like and not prefill_rows:
         assert all(p.drafter is None for p in plans)
 
 
-@pytest.mark.parametrize("extra_tokens", [10, 48, 200])
-def test_prefill_in_the_same_pass_does_not_turn_cpu_speculation_on(extra_tokens: int) -> None:
+@pytest.mark.parametrize("prefill_rows", [[10], [48], [200], [100, 100]])
+def test_prefill_in_the_same_pass_does_not_turn_cpu_speculation_on(prefill_rows: list[int]) -> None:
     # On a CPU-like table k drafts add k steps of verify time and at most k tokens, whatever else the pass
     # evaluates: the prompt tokens are paid for either way, so plain decoding stays the better choice.
     policy = CostAwarePolicy(CostModel(cpu_like()))
     options = [ngram_option(16, "match>16"), ngram_option(16, "match<=2")]
-    plans = policy.plan([make_seq("a"), make_seq("b")], options, extra_tokens=extra_tokens)
+    plans = policy.plan([make_seq("a"), make_seq("b")], options, prefill_rows)
     assert plans == [DraftPlan(), DraftPlan()]
 
 
@@ -241,7 +241,7 @@ def test_fixed_policy_takes_the_first_drafter_with_something_to_offer() -> None:
         {"stub": (first, empty)},
         {},
     ]
-    plans = FixedLengthPolicy().plan([make_seq(str(i)) for i in range(4)], options, extra_tokens=100)
+    plans = FixedLengthPolicy().plan([make_seq(str(i)) for i in range(4)], options, [100])
     assert plans[0] == DraftPlan(second, 5, "b", 0.0, 2)
     assert plans[1] == DraftPlan(third, 9, "c", 0.0, 0)
     assert plans[2] == DraftPlan()

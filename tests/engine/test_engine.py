@@ -15,12 +15,12 @@ import pytest
 from specserve.backends.llama_cpp import LlamaCppRuntime
 from specserve.drafters.base import Drafter
 from specserve.drafters.draft_model import DraftModelDrafter
-from specserve.engine.draft_policy import CostAwarePolicy, DraftLengthPolicy, FixedLengthPolicy
 from specserve.drafters.ngram import NgramDrafter
 from specserve.engine.cost_model import CostModel, StepCostTable
+from specserve.engine.draft_policy import CostAwarePolicy, DraftLengthPolicy, FixedLengthPolicy
 from specserve.engine.engine import EngineOptions, SpeculativeEngine
-from specserve.sequence import Sequence, SpeculationOptions
 from specserve.request import SamplingParams
+from specserve.sequence import Sequence, SpeculationOptions
 from support.faulty_drafter import ExplodingDrafter
 from support.tiny_models import TinyModels
 

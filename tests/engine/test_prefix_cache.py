@@ -19,13 +19,13 @@ from specserve.backends import llama_cpp
 from specserve.backends.llama_cpp import LlamaCppRuntime
 from specserve.drafters.base import Drafter
 from specserve.drafters.draft_model import DraftModelDrafter
-from specserve.engine.draft_policy import FixedLengthPolicy
 from specserve.drafters.ngram import NgramDrafter
 from specserve.engine.cost_model import CostModel, StepCostTable
+from specserve.engine.draft_policy import FixedLengthPolicy
 from specserve.engine.engine import EngineOptions, SpeculativeEngine
 from specserve.engine.prefix_cache import BLOCK_SIZE, PrefixCache, block_hashes
-from specserve.sequence import Sequence, SpeculationOptions
 from specserve.request import SamplingParams
+from specserve.sequence import Sequence, SpeculationOptions
 from support.quantized import tiny_kquant_model
 from support.tiny_models import TinyModels
 

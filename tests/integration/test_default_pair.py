@@ -12,12 +12,12 @@ from collections.abc import Iterator
 import pytest
 
 from specserve.config import Settings
-from specserve.engine.draft_policy import FixedLengthPolicy
 from specserve.engine.builder import build_engine
+from specserve.engine.draft_policy import FixedLengthPolicy
 from specserve.engine.engine import SpeculativeEngine
-from specserve.sequence import SpeculationOptions
 from specserve.models import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET, ModelStore
 from specserve.request import SamplingParams
+from specserve.sequence import SpeculationOptions
 
 pytestmark = pytest.mark.model
 

@@ -18,7 +18,7 @@ from fastapi import FastAPI
 from specserve.config import Settings
 from specserve.engine.builder import BuildReport, build_engine
 from specserve.engine.engine import SpeculativeEngine
-from specserve.server import create_app
+from specserve.server.app import create_app
 from specserve.server.state import ServerState
 from support.tiny_models import TinyModels
 

@@ -20,11 +20,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from specserve.backends.llama_cpp import LlamaCppRuntime
 from specserve.config import Settings
 from specserve.drafters.base import Drafter
-from specserve.engine.draft_policy import FixedLengthPolicy
 from specserve.drafters.ngram import NgramDrafter
 from specserve.engine.cost_model import CostModel, StepCostTable
+from specserve.engine.draft_policy import FixedLengthPolicy
 from specserve.engine.engine import EngineOptions, SpeculativeEngine
-from specserve.server import create_app
+from specserve.server.app import create_app
 from support.faulty_drafter import ExplodingDrafter
 from support.tiny_models import TinyModels
 

@@ -18,8 +18,10 @@ from typing import Literal, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from specserve.errors import UserError
 
-class BackendError(Exception):
+
+class BackendError(UserError):
     """A backend failure with a one-line message for the user (bad model file, decode failure)."""
 
 
@@ -78,6 +80,12 @@ class RuntimeInfo:
     """KV cache bytes one token of one sequence takes (an estimate; 0 if unknown)."""
 
 
+def one_call(chunk_rows: Sequence[int]) -> list[int]:
+    """The packing of a runtime that evaluates a whole step in one call: ``[sum(chunk_rows)]``."""
+    total = sum(chunk_rows)
+    return [total] if total else []
+
+
 class Vocabulary(Protocol):
     """What tokenizing and chat templating need: a ModelRuntime, or a vocabulary loaded alone."""
 
@@ -121,6 +129,14 @@ class ModelRuntime(ABC):
 
         The arrays may be views into the runtime's buffer: valid until the next ``decode`` call.
         """
+
+    def call_rows(self, chunk_rows: Sequence[int]) -> list[int]:
+        """Rows of each backend call that ``decode`` makes for chunks of these sizes, in this order.
+
+        The draft policy prices a step with it (the cost of a step is the sum over its calls), so it must
+        pack exactly as ``decode`` does. Default: one call for the whole batch.
+        """
+        return one_call(chunk_rows)
 
     @abstractmethod
     def truncate(self, seq_id: int, length: int) -> None:

@@ -186,7 +186,10 @@ class LlamaCppRuntime(VocabularyMethods, ModelRuntime):
     # -- evaluation -------------------------------------------------------------------------------
 
     def decode(self, chunks: Sequence[DecodeChunk]) -> list[npt.NDArray[np.float32]]:
-        calls = self._plan_calls(chunks)
+        calls = [
+            [(index, self._piece(chunks[index], lo, hi)) for index, lo, hi in call]
+            for call in self._pack([len(c.tokens) for c in chunks])
+        ]
         if len(calls) == 1:
             return self._decode_one([piece for _, piece in calls[0]])
         # Several llama_decode calls: copy logits out after each, as every call overwrites the buffer.
@@ -197,42 +200,47 @@ class LlamaCppRuntime(VocabularyMethods, ModelRuntime):
                 per_chunk[index].append(arr.copy())
         return [np.concatenate(parts) for parts in per_chunk]
 
-    def _plan_calls(self, chunks: Sequence[DecodeChunk]) -> list[list[tuple[int, DecodeChunk]]]:
-        """Group chunks (split to the batch capacity) into llama_decode calls.
+    def call_rows(self, chunk_rows: Sequence[int]) -> list[int]:
+        return [sum(hi - lo for _, lo, hi in call) for call in self._pack(chunk_rows)]
+
+    def _pack(self, chunk_rows: Sequence[int]) -> list[list[tuple[int, int, int]]]:
+        """Group chunks, cut to the batch capacity, into llama_decode calls: per call, its pieces as
+        ``(chunk index, first row, end row)``. ``decode`` runs exactly this plan and ``call_rows`` prices it.
 
         Capped exact mode keeps every row's kernel independent of its batch-mates: unpatched ggml computes
         K-quant matrix products of 8 or more rows with a tiled kernel whose rounding differs from the
-        row-by-row kernel used below 8 rows. So a chunk of 8+ rows (a prompt chunk) gets a call of its own —
-        as it would alone — and smaller chunks share calls of at most ``EXACT_MAX_ROWS`` rows.
+        row-by-row kernel used below 8 rows. So a piece of 8+ rows (a prompt chunk) gets a call of its own —
+        as it would alone — and smaller pieces (verify chunks, a short prompt tail) share calls of at most
+        ``EXACT_MAX_ROWS`` rows.
+
+        Example (capped, capacity 512): chunks of ``[300, 3, 5, 2]`` rows make the calls
+        ``[(0, 0, 300)]``, ``[(1, 0, 3)]``, ``[(2, 0, 5), (3, 0, 2)]``: 3 + 5 > 7 starts a new call.
         """
         limit = EXACT_MAX_ROWS if self.info.exactness == "capped" else self._capacity
-        calls: list[list[tuple[int, DecodeChunk]]] = []
-        current: list[tuple[int, DecodeChunk]] = []
+        calls: list[list[tuple[int, int, int]]] = []
+        current: list[tuple[int, int, int]] = []
         used = 0
-        for index, chunk in enumerate(chunks):
-            for piece in self._split(chunk):
-                n = len(piece.tokens)
+        for index, rows in enumerate(chunk_rows):
+            for lo in range(0, rows, self._capacity):
+                hi = min(lo + self._capacity, rows)
+                n = hi - lo
                 if n > limit:
-                    calls.append([(index, piece)])
+                    calls.append([(index, lo, hi)])
                     continue
                 if used + n > limit:
                     calls.append(current)
                     current, used = [], 0
-                current.append((index, piece))
+                current.append((index, lo, hi))
                 used += n
         if current:
             calls.append(current)
         return calls
 
-    def _split(self, chunk: DecodeChunk) -> list[DecodeChunk]:
-        """Cut a chunk into batch-sized pieces; only the pieces holding its last tokens want logits."""
-        n = len(chunk.tokens)
-        pieces = []
-        for lo in range(0, n, self._capacity):
-            hi = min(lo + self._capacity, n)
-            want = min(hi - lo, max(0, chunk.num_logits - (n - hi)))
-            pieces.append(DecodeChunk(chunk.seq_id, chunk.tokens[lo:hi], chunk.start_pos + lo, want))
-        return pieces
+    @staticmethod
+    def _piece(chunk: DecodeChunk, lo: int, hi: int) -> DecodeChunk:
+        """Rows ``lo:hi`` of a chunk; a piece wants logits only where it holds the chunk's last tokens."""
+        want = min(hi - lo, max(0, chunk.num_logits - (len(chunk.tokens) - hi)))
+        return DecodeChunk(chunk.seq_id, chunk.tokens[lo:hi], chunk.start_pos + lo, want)
 
     def _decode_one(self, chunks: Sequence[DecodeChunk]) -> list[npt.NDArray[np.float32]]:
         lib = self._lib

@@ -19,8 +19,8 @@ import numpy.typing as npt
 from specserve.backends.base import BackendError, DecodeChunk, ModelRuntime
 from specserve.drafters.base import Drafter, DrafterError, DraftOption, Proposal
 from specserve.drafters.registry import DrafterContext
-from specserve.sequence import Sequence
 from specserve.request import DRAFT_STREAM
+from specserve.sequence import Sequence
 from specserve.verify.sampling import probs_from_params, sample_inverse_cdf
 
 

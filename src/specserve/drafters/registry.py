@@ -2,16 +2,18 @@
 
 A factory receives a :class:`DrafterContext` (what the engine has loaded) and returns a drafter, or raises
 :class:`~specserve.drafters.base.DrafterError` when it cannot be built (for example no draft model loaded).
-Tests and plugins may register their own drafters.
+The names are the settings' ``DrafterName``: a new drafter gets a name there and a factory here.
 """
 
 from __future__ import annotations
 
 import importlib
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from specserve.backends.base import ModelRuntime
+from specserve.config import DrafterName
 from specserve.drafters.base import Drafter, DrafterError
 
 
@@ -26,32 +28,22 @@ class DrafterContext:
 
 DrafterFactory = Callable[[DrafterContext], Drafter]
 
-_LAZY: dict[str, str] = {
+FACTORIES: dict[str, str] = {
     "ngram": "specserve.drafters.ngram:build",
     "draft-model": "specserve.drafters.draft_model:build",
 }
-_FACTORIES: dict[str, DrafterFactory] = {}
-
-
-def register_drafter(name: str, factory: DrafterFactory) -> None:
-    """Make a drafter available under ``name`` (overrides a built-in of the same name)."""
-    _FACTORIES[name] = factory
-
-
-def unregister_drafter(name: str) -> None:
-    _FACTORIES.pop(name, None)
+"""``module:function`` of each drafter's factory, imported when the drafter is built."""
+assert set(FACTORIES) == set(typing.get_args(DrafterName)), "every DrafterName needs a factory"
 
 
 def drafter_names() -> list[str]:
-    return sorted(set(_LAZY) | set(_FACTORIES))
+    return sorted(FACTORIES)
 
 
 def build_drafter(name: str, context: DrafterContext) -> Drafter:
-    factory = _FACTORIES.get(name)
-    if factory is None:
-        target = _LAZY.get(name)
-        if target is None:
-            raise DrafterError(f"unknown drafter {name!r}; known: {', '.join(drafter_names())}")
-        module, attr = target.split(":")
-        factory = getattr(importlib.import_module(module), attr)
+    target = FACTORIES.get(name)
+    if target is None:
+        raise DrafterError(f"unknown drafter {name!r}; known: {', '.join(drafter_names())}")
+    module, attr = target.split(":")
+    factory: DrafterFactory = getattr(importlib.import_module(module), attr)
     return factory(context)

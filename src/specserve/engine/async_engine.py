@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from specserve.engine.engine import RequestOutput, SpeculativeEngine
-from specserve.sequence import SpeculationOptions
 from specserve.request import SamplingParams
+from specserve.sequence import SpeculationOptions
 
 log = logging.getLogger("specserve.async_engine")
 

@@ -1,20 +1,25 @@
-"""Build a ready engine from settings: resolve models, load runtimes, calibrate costs, choose drafters."""
+"""Build engines from settings: resolve the models, load the runtimes, calibrate costs, build the drafters.
+
+This is the one place where that happens. ``load_models`` loads; ``LoadedModels.engine`` makes an engine over
+what was loaded — the server and ``generate`` make one (``build_engine``), the benchmark and the rollout tools
+make one per configuration over the same runtimes.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specserve.backends.base import ModelRuntime
-from specserve.config import Settings
+from specserve.config import DrafterName, PolicyChoice, Settings
 from specserve.drafters.base import Drafter
-from specserve.engine.draft_policy import CostAwarePolicy, DraftLengthPolicy, FixedLengthPolicy
 from specserve.drafters.registry import DrafterContext, build_drafter
 from specserve.engine.cost_model import CostModel, StepCostTable, cached_calibration
+from specserve.engine.draft_policy import CostAwarePolicy, DraftLengthPolicy, FixedLengthPolicy
 from specserve.engine.engine import EngineOptions, SpeculativeEngine
 from specserve.engine.prefix_cache import PrefixCache
 
@@ -22,6 +27,9 @@ if TYPE_CHECKING:
     from specserve.models import ModelStore
 
 log = logging.getLogger("specserve.builder")
+
+DEFAULT_MARGIN = 0.03
+"""How much faster than plain decoding a plan must look before the cost policy leaves plain decoding."""
 
 
 @dataclass
@@ -33,22 +41,129 @@ class BuildReport:
     drafters: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     degraded: bool = False
+    draft_pays: bool = False
+    """Whether the draft model could beat plain decoding at 100 % acceptance (measured costs)."""
     seconds: float = 0.0
 
 
-def draft_model_can_pay(costs: CostModel, max_k: int) -> tuple[bool, float]:
-    """Best speed-up the draft model could reach even if every draft token were accepted.
+@dataclass
+class LoadedModels:
+    """The runtimes, their measured costs and the drafters over them: what engines are made of."""
 
-    k drafts then cost k draft steps (one catch-up of 1 token, k - 1 chain steps) plus a verify pass of
-    k + 1 tokens and yield k + 1 tokens; plain decoding yields 1 token per ``target(1)``.
+    settings: Settings
+    target: ModelRuntime
+    draft: ModelRuntime | None
+    costs: CostModel
+    drafters: dict[str, Drafter]
+    report: BuildReport
+
+    @property
+    def max_draft_tokens(self) -> int:
+        """The cap on draft tokens per step: the longest exact verify chunk minus its pending token."""
+        return self.target.info.max_verify_tokens - 1
+
+    def policy(self, kind: PolicyChoice = "cost", margin: float = DEFAULT_MARGIN) -> DraftLengthPolicy:
+        """A fresh draft policy (its acceptance statistics start empty) priced by the target's packing."""
+        if kind == "fixed":
+            return FixedLengthPolicy()
+        return CostAwarePolicy(self.costs, margin, self.target.call_rows)
+
+    def engine(
+        self,
+        drafters: Iterable[str] | None = None,
+        policy: DraftLengthPolicy | None = None,
+        num_draft_tokens: int | None = None,
+        prefix_cache: bool = False,
+    ) -> SpeculativeEngine:
+        """An engine over the loaded runtimes.
+
+        ``drafters=None`` follows the settings (``auto`` and ``none`` keep every loaded drafter for
+        per-request choice, ``none`` switching speculation off); a tuple names exactly the drafters to use
+        (``()``: plain decoding). ``prefix_cache`` as the settings ask (the server's engine; tools run
+        configurations side by side and must not share KV between them).
+        """
+        settings = self.settings
+        if drafters is None:
+            chosen = self.drafters
+            chosen_names: tuple[str, ...]
+            if settings.drafter in ("auto", "none"):
+                chosen_names = tuple(self.drafters)
+            else:
+                chosen_names = (settings.drafter,)
+            enabled = settings.drafter != "none"
+        else:
+            chosen_names = tuple(drafters)
+            chosen = {name: self.drafters[name] for name in chosen_names}
+            enabled = bool(chosen_names)
+        limit = settings.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
+        return SpeculativeEngine(
+            self.target,
+            chosen,
+            policy or self.policy(settings.draft_policy),
+            self.costs,
+            EngineOptions(chosen_names, limit, speculation_enabled=enabled),
+            settings.prefill_chunk,
+            build_prefix_cache(settings, self.target) if prefix_cache else None,
+        )
+
+    def close(self) -> None:
+        """Close the runtimes (engines made by :meth:`engine` share them; closing one closes them all)."""
+        for runtime in (self.draft, self.target):
+            if runtime is not None:
+                runtime.close()
+
+
+def build_engine(settings: Settings, calibrate_costs: bool = True) -> tuple[SpeculativeEngine, BuildReport]:
+    """The engine the settings describe (the server's and ``generate``'s), with its build report."""
+    models = load_models(settings, calibrate_costs)
+    return models.engine(prefix_cache=True), models.report
+
+
+def load_models(settings: Settings, calibrate_costs: bool = True, keep_draft: bool = False) -> LoadedModels:
+    """Load everything ``settings`` asks for. Raises on a bad target; a bad draft degrades unless required.
+
+    A draft model that cannot pay is unloaded unless it is required or ``keep_draft`` (a benchmark that
+    measures it anyway); ``report.draft_pays`` says which.
     """
-    if costs.draft is None:
-        return False, 0.0
-    best = 0.0
-    for k in range(1, max_k + 1):
-        seconds = costs.target(k + 1) + costs.draft(1) * k
-        best = max(best, (k + 1) / seconds * costs.target(1))
-    return best > 1.0, best
+    from specserve.models import ModelStore
+
+    started = time.perf_counter()
+    report = BuildReport()
+    store = ModelStore(None if settings.model_dir is None else Path(settings.model_dir))
+    target_path = store.resolve(settings.target)
+    report.target_path = str(target_path)
+    target = open_runtime(str(target_path), settings, settings.max_running)
+    try:
+        if settings.exact and target.info.exactness == "capped":
+            info = target.info
+            report.notes.append(
+                f"exact mode capped at {info.max_verify_tokens}-row calls: {info.exactness_note}"
+            )
+        calib_dir = store.cache_dir / "calibration" if settings.calibration_cache else None
+        key = calibration_key(settings, target)
+
+        def measure(runtime: ModelRuntime) -> StepCostTable:
+            return cached_calibration(runtime, 0, calib_dir, key) if calibrate_costs else flat_costs()
+
+        costs = CostModel(measure(target))
+        draft = None
+        if _wants_draft(settings, keep_draft):
+            max_k = min(settings.num_draft_tokens, target.info.max_verify_tokens - 1)
+            draft = _load_draft(settings, store, target_path, costs, report, measure, keep_draft, max_k)
+    except BaseException:
+        target.close()
+        raise
+    drafters = build_drafters(settings, draft)
+    report.drafters = list(drafters)
+    report.seconds = time.perf_counter() - started
+    return LoadedModels(settings, target, draft, costs, drafters, report)
+
+
+def build_drafters(settings: Settings, draft: ModelRuntime | None) -> dict[str, Drafter]:
+    """Every drafter the loaded models allow: n-gram always, the draft model when one is loaded."""
+    context = DrafterContext(draft, settings.ngram_min_n, settings.draft_p_min)
+    names: list[DrafterName] = ["ngram"] if draft is None else ["ngram", "draft-model"]
+    return {name: build_drafter(name, context) for name in names}
 
 
 def open_runtime(path: str, settings: Settings, max_sequences: int, self_check: bool = True) -> ModelRuntime:
@@ -68,73 +183,46 @@ def open_runtime(path: str, settings: Settings, max_sequences: int, self_check: 
     )
 
 
-def build_engine(settings: Settings, calibrate_costs: bool = True) -> tuple[SpeculativeEngine, BuildReport]:
-    """Load everything ``settings`` asks for. Raises on a bad target; a bad draft degrades unless required."""
-    from specserve.models import ModelStore
+def draft_model_can_pay(costs: CostModel, max_k: int) -> tuple[bool, float]:
+    """Best speed-up the draft model could reach even if every draft token were accepted.
 
-    started = time.perf_counter()
-    report = BuildReport()
-    store = ModelStore(None if settings.model_dir is None else Path(settings.model_dir))
-    target_path = store.resolve(settings.target)
-    report.target_path = str(target_path)
-    target = open_runtime(str(target_path), settings, settings.max_running)
-    if settings.exact and target.info.exactness == "capped":
-        report.notes.append(
-            f"exact mode capped at {target.info.max_verify_tokens}-row calls: {target.info.exactness_note}"
-        )
-    calib_dir = store.cache_dir / "calibration" if settings.calibration_cache else None
-    key = calibration_key(settings, target)
-
-    def measure(runtime: ModelRuntime) -> StepCostTable:
-        return cached_calibration(runtime, 0, calib_dir, key) if calibrate_costs else flat_costs()
-
-    costs = CostModel(measure(target))
-
-    draft_runtime = None
-    if _wants_draft(settings):
-        draft_runtime = _load_draft(settings, store, target, target_path, costs, report, measure)
-    context = DrafterContext(draft_runtime, settings.ngram_min_n, settings.draft_p_min)
-    drafters: dict[str, Drafter] = {"ngram": build_drafter("ngram", context)}
-    if draft_runtime is not None:
-        drafters["draft-model"] = build_drafter("draft-model", context)
-    report.drafters = list(drafters)
-    policy: DraftLengthPolicy = (
-        CostAwarePolicy(costs, rows_per_call=exact_rows(target))
-        if settings.draft_policy == "cost"
-        else FixedLengthPolicy()
-    )
-    names = tuple(drafters) if settings.drafter in ("auto", "none") else (settings.drafter,)
-    options = EngineOptions(
-        drafters=names,
-        num_draft_tokens=settings.num_draft_tokens,
-        speculation_enabled=settings.drafter != "none",
-    )
-    engine = SpeculativeEngine(
-        target, drafters, policy, costs, options, settings.prefill_chunk, build_prefix_cache(settings, target)
-    )
-    report.seconds = time.perf_counter() - started
-    return engine, report
+    k drafts then cost k draft steps (one catch-up of 1 token, k - 1 chain steps) plus a verify pass of
+    k + 1 tokens and yield k + 1 tokens; plain decoding yields 1 token per ``target(1)``.
+    """
+    if costs.draft is None:
+        return False, 0.0
+    best = 0.0
+    for k in range(1, max_k + 1):
+        seconds = costs.target(k + 1) + costs.draft(1) * k
+        best = max(best, (k + 1) / seconds * costs.target(1))
+    return best > 1.0, best
 
 
 def _requires_draft(settings: Settings) -> bool:
     return settings.load_draft == "always" or settings.drafter == "draft-model"
 
 
-def _wants_draft(settings: Settings) -> bool:
-    """Load a draft model when one is named and may be used: required, or left to the cost model (auto)."""
+def _wants_draft(settings: Settings, keep_draft: bool) -> bool:
+    """Load a draft model when one is named and may be used: required, kept for measuring, or left to the
+    cost model (auto)."""
     if settings.draft_path_or_none is None:
         return False
-    return _requires_draft(settings) or (settings.load_draft == "auto" and settings.drafter == "auto")
+    return (
+        keep_draft
+        or _requires_draft(settings)
+        or (settings.load_draft == "auto" and settings.drafter == "auto")
+    )
 
 
 def _load_draft(
     settings: Settings,
     store: ModelStore,
-    target: ModelRuntime,
     target_path: Path,
     costs: CostModel,
     report: BuildReport,
     measure: Callable[[ModelRuntime], StepCostTable],
+    keep_draft: bool,
+    max_k: int,
 ) -> ModelRuntime | None:
     """The draft runtime, calibrated into ``costs``; None (degraded, or it cannot pay) where allowed."""
     from specserve.models import ModelStoreError, check_draft_compatible, read_vocab
@@ -143,12 +231,11 @@ def _load_draft(
     try:
         draft_path = store.resolve(settings.draft_path_or_none)
         check_draft_compatible(read_vocab(target_path), read_vocab(draft_path))
-        draft_runtime = open_runtime(str(draft_path), settings, settings.max_running, self_check=False)
-        costs.draft = measure(draft_runtime)
+        draft = open_runtime(str(draft_path), settings, settings.max_running, self_check=False)
+        costs.draft = measure(draft)
         report.draft_path = str(draft_path)
     except Exception as exc:
         if _requires_draft(settings):
-            target.close()
             demand = "load_draft=always" if settings.load_draft == "always" else "drafter=draft-model"
             raise ModelStoreError(
                 f"the draft model is required ({demand}) but could not be loaded: {exc}; "
@@ -158,11 +245,9 @@ def _load_draft(
         report.notes.append(f"draft model not loaded: {exc}")
         log.warning("draft model not loaded, continuing without it: %s", exc)
         return None
-    if _requires_draft(settings):
-        return draft_runtime
-    pays, best = draft_model_can_pay(costs, min(settings.num_draft_tokens, target.info.max_verify_tokens - 1))
-    if pays:
-        return draft_runtime
+    report.draft_pays, best = draft_model_can_pay(costs, max_k)
+    if report.draft_pays or _requires_draft(settings) or keep_draft:
+        return draft
     note = (
         f"draft model unloaded: even at 100% acceptance it would reach {best:.2f}x plain speed "
         f"(target 1 token {costs.target(1) * 1000:.1f} ms, draft 1 token "
@@ -170,7 +255,7 @@ def _load_draft(
     )
     report.notes.append(note)
     log.info(note)
-    draft_runtime.close()
+    draft.close()
     costs.draft, report.draft_path = None, None
     return None
 
@@ -192,12 +277,6 @@ def build_prefix_cache(settings: Settings, target: ModelRuntime) -> PrefixCache 
         return None
     grid = settings.prefill_chunk if target.info.exactness == "capped" else None
     return PrefixCache(target, host_bytes=settings.prefix_cache_ram << 20, grid=grid)
-
-
-def exact_rows(target: ModelRuntime) -> int | None:
-    """Rows per llama_decode call in capped exact mode (the policy's cost of a step depends on it); None
-    where a step is one call whatever its size."""
-    return target.info.max_verify_tokens if target.info.exactness == "capped" else None
 
 
 def flat_costs() -> StepCostTable:

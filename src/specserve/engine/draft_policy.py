@@ -14,10 +14,11 @@ requests (a prior for new requests) and per request (recent behaviour, decayed).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
+from specserve.backends.base import one_call
 from specserve.drafters.base import Drafter, DraftOption
 from specserve.engine.cost_model import CostModel
 from specserve.sequence import Sequence
@@ -97,6 +98,10 @@ class AcceptanceTracker:
         return counts
 
 
+CallRows = Callable[[Seq[int]], list[int]]
+"""Chunk sizes of one step, in order → rows of each backend call (``ModelRuntime.call_rows``)."""
+
+
 def expected_tokens(alpha: float, k: int) -> float:
     """Expected tokens emitted by a verify step with k drafts: accepted drafts plus one target token."""
     return sum(alpha**i for i in range(k + 1))
@@ -109,9 +114,9 @@ class DraftLengthPolicy:
         self,
         seqs: Seq[Sequence],
         options: Seq[Mapping[str, tuple[Drafter, DraftOption]]],
-        extra_tokens: int = 0,
+        prefill_rows: Seq[int] = (),
     ) -> list[DraftPlan]:
-        """One plan per sequence; ``extra_tokens`` (prompt chunks) share the same target pass."""
+        """One plan per sequence; prompt chunks of ``prefill_rows`` tokens share the same target pass."""
         raise NotImplementedError
 
     def observe(self, seq: Sequence, plan: DraftPlan, num_accepted: int) -> None:
@@ -125,7 +130,7 @@ class FixedLengthPolicy(DraftLengthPolicy):
         self,
         seqs: Seq[Sequence],
         options: Seq[Mapping[str, tuple[Drafter, DraftOption]]],
-        extra_tokens: int = 0,
+        prefill_rows: Seq[int] = (),
     ) -> list[DraftPlan]:
         plans = []
         for opts in options:
@@ -141,12 +146,12 @@ class FixedLengthPolicy(DraftLengthPolicy):
 class CostAwarePolicy(DraftLengthPolicy):
     """Maximise expected tokens per second from measured costs and running acceptance estimates."""
 
-    def __init__(self, costs: CostModel, margin: float = 0.03, rows_per_call: int | None = None) -> None:
+    def __init__(self, costs: CostModel, margin: float = 0.03, call_rows: CallRows = one_call) -> None:
         self.costs = costs
         self.margin = margin
-        self.rows_per_call = rows_per_call
-        """Exact mode evaluates verify chunks in calls of at most this many rows (see the llama.cpp backend);
-        the cost of a step is then the sum over those calls."""
+        self.call_rows = call_rows
+        """How the target runtime packs a step's chunks into backend calls (``ModelRuntime.call_rows``):
+        the cost of a step is the sum over its calls, so the policy prices exactly what will run."""
         self.acceptance = AcceptanceTracker()
 
     def observe(self, seq: Sequence, plan: DraftPlan, num_accepted: int) -> None:
@@ -157,10 +162,10 @@ class CostAwarePolicy(DraftLengthPolicy):
         self,
         seqs: Seq[Sequence],
         options: Seq[Mapping[str, tuple[Drafter, DraftOption]]],
-        extra_tokens: int = 0,
+        prefill_rows: Seq[int] = (),
     ) -> list[DraftPlan]:
         plans = [DraftPlan() for _ in seqs]
-        best = self._rate(plans, extra_tokens)
+        best = self._rate(plans, prefill_rows)
         # Coordinate ascent: improve one sequence's plan at a time while the batch rate improves.
         for _ in range(3):
             improved = False
@@ -173,7 +178,7 @@ class CostAwarePolicy(DraftLengthPolicy):
                             DraftPlan(drafter, k, option.bucket, alpha, option.setup_tokens),
                             *plans[s + 1 :],
                         ]
-                        rate = self._rate(trial, extra_tokens)
+                        rate = self._rate(trial, prefill_rows)
                         # Leaving plain decoding needs a clear win: estimates are noisy.
                         needed = best * (1 + self.margin) if plans[s].drafter is None else best
                         if rate > needed:
@@ -182,7 +187,7 @@ class CostAwarePolicy(DraftLengthPolicy):
                 break
         return plans
 
-    def _rate(self, plans: list[DraftPlan], extra_tokens: int) -> float:
+    def _rate(self, plans: list[DraftPlan], prefill_rows: Seq[int]) -> float:
         """Expected tokens per second of the decoding part of one batch step under ``plans``.
 
         Prompt tokens sharing the pass are paid for whatever the plans are, so only the time they add on top
@@ -202,20 +207,15 @@ class CostAwarePolicy(DraftLengthPolicy):
                 catch_up += plan.setup_tokens
                 for r in range(1, plan.num_tokens):
                     draft_rounds[r] = draft_rounds.get(r, 0) + 1
-        seconds = self._verify_seconds(verify_rows, extra_tokens)
+        seconds = self._verify_seconds(verify_rows, prefill_rows)
         if self.costs.draft is not None and (catch_up or draft_rounds):
             seconds += self.costs.draft(catch_up) + sum(self.costs.draft(n) for n in draft_rounds.values())
         return tokens / seconds if seconds > 0 else 0.0
 
-    def _verify_seconds(self, rows: list[int], extra_tokens: int) -> float:
+    def _verify_seconds(self, verify_rows: list[int], prefill_rows: Seq[int]) -> float:
+        """Target time the verify chunks add to the pass (prompt chunks come first, as the engine orders
+        them; the runtime says how it packs both into calls)."""
         target = self.costs.target
-        if self.rows_per_call is None:
-            return max(target(extra_tokens + sum(rows)) - target(extra_tokens), 1e-3 * target(1))
-        # Exact mode: prompt chunks run in calls of their own; verify chunks fill calls in order, as the
-        # backend packs them.
-        calls = [0]
-        for n in rows:
-            if calls[-1] + n > self.rows_per_call:
-                calls.append(0)
-            calls[-1] += n
-        return sum(target(n) for n in calls)
+        with_verify = sum(target(n) for n in self.call_rows([*prefill_rows, *verify_rows]))
+        prefill_only = sum(target(n) for n in self.call_rows(prefill_rows)) if prefill_rows else 0.0
+        return max(with_verify - prefill_only, 1e-3 * target(1))

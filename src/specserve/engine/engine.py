@@ -19,14 +19,14 @@ import numpy.typing as npt
 
 from specserve.backends.base import DecodeChunk, ModelRuntime
 from specserve.drafters.base import Drafter, DraftOption, Proposal
-from specserve.engine.draft_policy import DraftLengthPolicy, DraftPlan
 from specserve.engine.cost_model import CostModel
+from specserve.engine.draft_policy import DraftLengthPolicy, DraftPlan
 from specserve.engine.output_text import OutputText
 from specserve.engine.prefix_cache import PrefixCache
 from specserve.engine.scheduler import Scheduler
-from specserve.sequence import Sequence, SequenceStatus, SpeculationOptions
 from specserve.engine.stats import EngineStats
 from specserve.request import ACCEPT_STREAM, SAMPLE_STREAM, PositionalUniforms, SamplingParams
+from specserve.sequence import Sequence, SequenceStatus, SpeculationOptions
 from specserve.verify import filter_logits_to_probs, verify_greedy, verify_rejection
 
 log = logging.getLogger("specserve.engine")
@@ -135,7 +135,7 @@ class SpeculativeEngine:
         batch = self.scheduler.schedule()
         if batch.empty:
             return []
-        plans = self._plan(batch.decodes, sum(n for _, n in batch.prefills))
+        plans = self._plan(batch.decodes, [n for _, n in batch.prefills])
         proposals = self._draft(batch.decodes, plans)
         logits = self._evaluate(batch.prefills, batch.decodes, proposals)
         prefill_logits, decode_logits = logits[: len(batch.prefills)], logits[len(batch.prefills) :]
@@ -161,7 +161,7 @@ class SpeculativeEngine:
             self._release(seq)
             return RequestOutput(seq, [], "", True)
 
-    def _plan(self, seqs: list[Sequence], prefill_tokens: int) -> list[DraftPlan]:
+    def _plan(self, seqs: list[Sequence], prefill_rows: list[int]) -> list[DraftPlan]:
         """Ask each allowed drafter what it could offer, then let the policy decide (0 tokens = plain)."""
         options: list[dict[str, tuple[Drafter, DraftOption]]] = []
         for seq in seqs:
@@ -173,7 +173,7 @@ class SpeculativeEngine:
             options.append(allowed)
         if not any(options):
             return [DraftPlan() for _ in seqs]
-        return self.policy.plan(seqs, options, extra_tokens=prefill_tokens)
+        return self.policy.plan(seqs, options, prefill_rows)
 
     def _allowed_drafters(self, seq: Sequence) -> tuple[str, ...]:
         spec = seq.speculation

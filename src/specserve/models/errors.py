@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from specserve.errors import UserError
 
-class ModelStoreError(Exception):
+
+class ModelStoreError(UserError):
     """Base class of every error raised by `specserve.models`."""
 
 

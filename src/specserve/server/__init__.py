@@ -1,5 +1,3 @@
-"""OpenAI-compatible HTTP server: ``create_app`` builds the ASGI app, ``serve`` runs it with uvicorn."""
-
-from specserve.server.app import create_app
-
-__all__ = ["create_app"]
+"""The OpenAI-compatible HTTP server over one engine: ``app.create_app`` builds the ASGI app, ``main.serve``
+runs it with uvicorn. (Nothing is imported here: a module of this package importing the package must not pull
+in the whole app.)"""

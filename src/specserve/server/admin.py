@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.responses import Response
 
 from specserve.engine.async_engine import AsyncEngine, EngineDeadError
-from specserve.server.metrics import speculation_active
 from specserve.server.errors import from_validation, unavailable
+from specserve.server.metrics import speculation_active
 from specserve.server.request_body import json_object, read_body
 
 if TYPE_CHECKING:

@@ -34,8 +34,8 @@ from prometheus_client import (
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine import RequestOutput
 from specserve.engine.prefix_cache import PrefixCacheStats
-from specserve.sequence import Sequence
 from specserve.engine.stats import EngineStats
+from specserve.sequence import Sequence
 
 PREFIX = "specserve:"
 OUTCOMES = (

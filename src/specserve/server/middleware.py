@@ -22,8 +22,8 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from specserve.engine.engine import RequestOutput
-from specserve.sequence import Sequence
 from specserve.logging import request_id_var
+from specserve.sequence import Sequence
 from specserve.server.errors import APIError, internal_error
 
 if TYPE_CHECKING:

@@ -33,8 +33,8 @@ from pydantic import (
     model_validator,
 )
 
-from specserve.sequence import Sequence, SpeculationOptions
 from specserve.request import SamplingParams
+from specserve.sequence import Sequence, SpeculationOptions
 from specserve.server.errors import from_validation, invalid_request
 from specserve.server.request_body import json_object
 

@@ -19,10 +19,10 @@ from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.builder import BuildReport, build_engine
 from specserve.engine.engine import SpeculativeEngine
 from specserve.sequence import SpeculationOptions
-from specserve.server.metrics import Metrics
 from specserve.server import protocol as p
 from specserve.server.auth import AccessControl
 from specserve.server.errors import APIError, invalid_request, unavailable
+from specserve.server.metrics import Metrics
 
 log = logging.getLogger("specserve.server")
 

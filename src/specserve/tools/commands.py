@@ -1,0 +1,170 @@
+"""The ``bench``, ``verify`` and ``evaluate`` subcommands (registered through ``cli.PLUGIN_COMMANDS``).
+
+Parsing only: which tool runs is decided here, and each room's ``command`` module — imported when its command
+runs — turns the parsed flags into that tool's typed options. So ``specserve --help`` imports none of the
+tools' dependencies, and without them (the ``tools`` extra) a tool says so in one line.
+
+User errors raise :class:`~specserve.tools.workloads.ToolInputError`: the CLI prints one line
+``specserve: error: …`` and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from typing import Any
+
+from specserve.config import SettingGroup, add_arguments
+from specserve.tools.workloads import ToolInputError
+
+ENGINE_GROUPS: tuple[SettingGroup, ...] = ("models", "speculation")
+"""The settings of a tool that loads the models itself (as ``specserve generate`` does)."""
+TOOL_DEPENDENCIES = ("httpx", "scipy", "matplotlib")
+"""What the ``tools`` extra installs (pyproject.toml)."""
+
+
+def add_subcommands(sub: Any) -> None:
+    """``bench``, ``verify`` and ``evaluate`` under the ``specserve`` parser's subcommands."""
+    _add_bench(sub)
+    _add_verify(sub)
+    _add_evaluate(sub)
+
+
+def _add_bench(sub: Any) -> None:
+    bench = sub.add_parser("bench", help="Benchmark a server over HTTP (--url) or the engine (--in-process).")
+    bench.add_argument("--url", default=None, help="Base URL of an OpenAI-compatible server.")
+    bench.add_argument("--in-process", action="store_true", help="Benchmark the engine without a server.")
+    bench.add_argument("--output-dir", default="bench-out", help="Where report.json, report.md, *.png go.")
+    bench.add_argument(
+        "--prompts", default=None, help="JSONL of {prompt, workload|kind} (default: built-in)."
+    )
+    bench.add_argument("--max-tokens", type=int, default=128)
+    bench.add_argument("--limit", type=int, default=None, help="Prompts per workload.")
+    http = bench.add_argument_group(
+        "HTTP load generator (--url)",
+        "With --compare-spec, --drafter and --num-draft-tokens (below) go into mode on's request extension.",
+    )
+    _add_workload_args(http)
+    http.add_argument("--concurrency", default="1", help="Comma-separated concurrent clients (e.g. 1,2,4).")
+    http.add_argument("--rate", default=None, help="Comma-separated request rates per mode (open loop).")
+    http.add_argument("--requests", type=int, default=8, help="Requests per workload × mode × level.")
+    http.add_argument("--compare-spec", action="store_true", help="Speculation on vs off, interleaved.")
+    http.add_argument("--peer", action="store_true", help="--url is not specserve: send plain requests only.")
+    http.add_argument(
+        "--peer-url", action="append", default=[], metavar="NAME=URL", help="Another server, as mode NAME."
+    )
+    http.add_argument("--temperature", type=float, default=0.0)
+    http.add_argument("--seed", type=int, default=None)
+    http.add_argument("--ignore-eos", action="store_true", help="Generate max tokens (ignore_eos extension).")
+    engine = bench.add_argument_group("engine benchmark (--in-process)")
+    engine.add_argument("--modes", default="plain,ngram,draft-model,auto", help="Comma-separated modes.")
+    engine.add_argument("--kinds", default=None, help="Comma-separated prompt kinds (default: all).")
+    engine.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="Rounds over the prompts (mode order reversed every other round).",
+    )
+    engine.add_argument(
+        "--exact-cost",
+        action="store_true",
+        help="Only measure exact vs fast mode decode cost per call size (each mode a fresh process per "
+        "round; --repeats rounds, at least 3).",
+    )
+    engine.add_argument(
+        "--vs-llama-bench",
+        default=None,
+        metavar="PATH",
+        help="Only compare plain decoding (pp, tg) with this llama-bench binary, rounds interleaved "
+        "(--repeats rounds).",
+    )
+    engine.add_argument("--config", default=None)
+    add_arguments(bench, ENGINE_GROUPS)
+    bench.set_defaults(handler=_bench)
+
+
+def _add_verify(sub: Any) -> None:
+    verify = sub.add_parser("verify", help="Check that speculation leaves the output unchanged (exit 0/1).")
+    verify.add_argument("--url", default=None, help="A specserve server to check over HTTP.")
+    verify.add_argument("--in-process", action="store_true", help="Load the models and check the engine.")
+    verify.add_argument("--output-dir", default="verify-out")
+    verify.add_argument("--prompts", default=None)
+    verify.add_argument("--limit", type=int, default=2, help="Prompts per workload (default 2).")
+    verify.add_argument("--max-tokens", type=int, default=64, help="Greedy output length.")
+    verify.add_argument("--seeds", type=int, default=40, help="Samples per arm and prompt (0: greedy only).")
+    verify.add_argument("--temperature", type=float, default=1.0, help="Of the sampled check.")
+    verify.add_argument("--top-k", type=int, default=0, help="Of the sampled check (0 disables).")
+    verify.add_argument("--sample-tokens", type=int, default=4, help="Tokens per sample compared.")
+    verify.add_argument("--alpha", type=float, default=0.01, help="Significance level of the sampled check.")
+    verify.add_argument("--seed", type=int, default=0, help="First seed.")
+    verify.add_argument("--reference-target", default=None, help="In-process: plain arm on this model.")
+    verify.add_argument("--reference-url", default=None, help="HTTP: plain arm from this server.")
+    _add_workload_args(verify)
+    verify.add_argument("--config", default=None)
+    add_arguments(verify, ENGINE_GROUPS, exclude=("draft_policy", "load_draft"))
+    verify.set_defaults(handler=_verify)
+
+
+def _add_evaluate(sub: Any) -> None:
+    evaluate = sub.add_parser("evaluate", help="Measure acceptance per drafter and draft length; recommend.")
+    evaluate.add_argument("--prompts", default=None)
+    evaluate.add_argument("--workload", nargs="+", action="extend", default=[], help="Workload names.")
+    evaluate.add_argument("--limit", type=int, default=3, help="Prompts per workload (default 3).")
+    evaluate.add_argument("--max-tokens", type=int, default=128)
+    evaluate.add_argument("--drafters", default=None, help="Comma-separated (default: every loaded one).")
+    evaluate.add_argument("--draft-lengths", default="1,2,4,6,8,16")
+    evaluate.add_argument("--temperature", type=float, default=0.0)
+    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--output-dir", default="evaluate-out")
+    evaluate.add_argument("--config", default=None)
+    # evaluate tries every drafter and draft length itself (--drafters, --draft-lengths)
+    add_arguments(
+        evaluate, ENGINE_GROUPS, exclude=("drafter", "num_draft_tokens", "draft_policy", "load_draft")
+    )
+    evaluate.set_defaults(handler=_evaluate)
+
+
+def _add_workload_args(parser: Any) -> None:
+    parser.add_argument("--workload", nargs="+", action="extend", default=[], help="Workload names.")
+    parser.add_argument(
+        "--api-key", default=None, help="Bearer token for the server(s) (default: $OPENAI_API_KEY)."
+    )
+    parser.add_argument("--model", default=None, help="Model name to request (default: /v1/models' first).")
+    parser.add_argument("--timeout", type=float, default=600.0, help="Seconds per request.")
+
+
+def require_tools(command: str) -> None:
+    """A one-line error naming the extra when the tools' dependencies are not installed."""
+    missing = [name for name in TOOL_DEPENDENCIES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ToolInputError(
+            f"specserve {command} needs the tools extra (missing: {', '.join(missing)}): "
+            "pip install 'specserve[tools]'"
+        )
+
+
+def _bench(args: argparse.Namespace) -> int:
+    require_tools("bench")
+    if args.in_process == bool(args.url):
+        raise ToolInputError("give either --url BASE_URL or --in-process")
+    if args.in_process:
+        from specserve.tools.measure.command import measure_in_process
+
+        return measure_in_process(args)
+    from specserve.tools.loadgen.command import bench_over_http
+
+    return bench_over_http(args)
+
+
+def _verify(args: argparse.Namespace) -> int:
+    require_tools("verify")
+    from specserve.tools.rollout.command import verify
+
+    return verify(args)
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    require_tools("evaluate")
+    from specserve.tools.rollout.command import evaluate
+
+    return evaluate(args)

@@ -1,0 +1,31 @@
+"""Flag values the tools share: comma-separated lists and repeated names."""
+
+from __future__ import annotations
+
+from specserve.tools.workloads import ToolInputError
+
+
+def names(values: list[str]) -> list[str]:
+    """``["a,b", "c"]`` (a repeated or comma-separated flag) → ``["a", "b", "c"]``."""
+    return [n for v in values for n in v.split(",") if n]
+
+
+def parse_int_list(text: str, flag: str, minimum: int = 1) -> list[int]:
+    """``"1,2,4"`` → ``[1, 2, 4]``; anything else is a ToolInputError naming the flag."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ToolInputError(f"{flag}: expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < minimum for v in values):
+        raise ToolInputError(f"{flag}: expected integers >= {minimum}, got {text!r}")
+    return list(dict.fromkeys(values))
+
+
+def parse_float_list(text: str, flag: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ToolInputError(f"{flag}: expected comma-separated numbers, got {text!r}") from None
+    if not values or any(not v > 0 for v in values):
+        raise ToolInputError(f"{flag}: expected numbers > 0, got {text!r}")
+    return list(dict.fromkeys(values))

@@ -1,0 +1,172 @@
+"""In-process benchmark of the engine: plain vs each drafter vs the default policy, in one interleaved run.
+
+Every prompt is generated once per mode, the modes one after another, so that machine drift (other
+processes, thermal state) spreads over all modes alike. Speed is reported as ratios to plain decoding
+measured in the same run; greedy outputs are compared with the plain output token for token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specserve.chat import chat_prompt_ids
+from specserve.config import PolicyChoice, Settings
+from specserve.engine.builder import draft_model_can_pay, load_models
+from specserve.request import SamplingParams
+from specserve.sequence import Sequence
+from specserve.tools.workloads import builtin_rows
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    drafters: tuple[str, ...]
+    policy: PolicyChoice
+
+
+MODES = {
+    "plain": Mode("plain", (), "fixed"),
+    "ngram": Mode("ngram", ("ngram",), "fixed"),
+    "draft-model": Mode("draft-model", ("draft-model",), "fixed"),
+    "auto": Mode("auto", ("ngram", "draft-model"), "cost"),
+}
+
+
+@dataclass
+class Cell:
+    """Totals of one (kind, mode)."""
+
+    tokens: int = 0
+    seconds: float = 0.0
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+    identical: int = 0
+    runs: int = 0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    def add(self, seq: Sequence, identical: bool) -> float:
+        """Fold in one finished request; returns its decode-phase tokens/s (first token excluded)."""
+        assert seq.first_token_time is not None and seq.finish_time is not None
+        tokens, seconds = len(seq.output_ids) - 1, seq.finish_time - seq.first_token_time
+        self.tokens += tokens
+        self.seconds += seconds
+        self.drafts += seq.stats.num_drafts
+        self.draft_tokens += seq.stats.num_draft_tokens
+        self.accepted += seq.stats.num_accepted_tokens
+        self.identical += int(identical)
+        self.runs += 1
+        return tokens / seconds if seconds > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["tokens_per_second"] = round(self.tokens_per_second, 3)
+        data["acceptance_rate"] = round(self.accepted / self.draft_tokens, 4) if self.draft_tokens else 0.0
+        data["mean_acceptance_length"] = round(1 + self.accepted / self.drafts, 4) if self.drafts else 1.0
+        return data
+
+
+@dataclass
+class EngineBenchResult:
+    settings: dict[str, Any]
+    costs: dict[str, Any]
+    cells: dict[str, dict[str, Cell]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "settings": self.settings,
+            "costs_ms": self.costs,
+            "notes": self.notes,
+            "results": {k: {m: c.as_dict() for m, c in modes.items()} for k, modes in self.cells.items()},
+        }
+
+
+def builtin_prompts() -> list[dict[str, str]]:
+    return builtin_rows("engine")
+
+
+def run_engine_bench(
+    settings: Settings,
+    prompts: list[dict[str, str]],
+    modes: list[str],
+    max_tokens: int,
+    progress: Callable[[str], None] = lambda _m: None,
+    repeats: int = 1,
+) -> EngineBenchResult:
+    """Run every prompt in every mode, modes back to back per prompt; ``repeats`` rounds, the mode order
+    reversed every other round so that a mode's place in the sequence does not bias it."""
+    keep_draft = any("draft-model" in MODES[m].drafters for m in modes)
+    models = load_models(dataclasses.replace(settings, max_running=1), keep_draft=keep_draft)
+    try:
+        result = EngineBenchResult(
+            _settings_summary(settings), models.costs.as_dict(), notes=list(models.report.notes)
+        )
+        pays, best = draft_model_can_pay(
+            models.costs, min(settings.num_draft_tokens, models.max_draft_tokens)
+        )
+        if models.draft is not None and not pays:
+            result.notes.append(f"auto excludes the draft model: at 100% acceptance it reaches {best:.2f}x")
+        # One policy per mode for the whole run, as a server keeps one: its acceptance statistics carry
+        # over from request to request.
+        policies = {name: models.policy(MODES[name].policy) for name in modes}
+        rounds = [(r, i, item) for r in range(repeats) for i, item in enumerate(prompts)]
+        for r, i, item in rounds:
+            prompt_ids = chat_prompt_ids(models.target, [{"role": "user", "content": item["prompt"]}])
+            finished: dict[str, Sequence] = {}
+            for mode_name in modes if r % 2 == 0 else modes[::-1]:
+                mode = MODES[mode_name]
+                # The default policy only gets the draft model when it could pay (as build_engine decides).
+                names = tuple(
+                    n
+                    for n in mode.drafters
+                    if n in models.drafters and (n != "draft-model" or pays or mode.policy == "fixed")
+                )
+                engine = models.engine(names, policies[mode_name], settings.num_draft_tokens)
+                seq = engine.add_request(
+                    f"bench-{r}-{i}-{mode_name}", prompt_ids, SamplingParams(max_tokens=max_tokens)
+                )
+                while engine.has_work():
+                    engine.step()
+                finished[mode_name] = seq
+            plain_ids = finished["plain"].output_ids if "plain" in finished else None
+            for mode_name, seq in finished.items():
+                cell = result.cells.setdefault(item["kind"], {}).setdefault(mode_name, Cell())
+                speed = cell.add(seq, seq.output_ids == plain_ids)
+                stats = seq.stats
+                progress(
+                    f"[{r * len(prompts) + i + 1}/{len(rounds)}] {item['kind']:8} {mode_name:12} "
+                    f"{speed:6.2f} tok/s accepted {stats.num_accepted_tokens}/{stats.num_draft_tokens}"
+                )
+    finally:
+        models.close()
+    return result
+
+
+def resolve_model(settings: Settings, name: str) -> str:
+    from specserve.models import ModelStore
+
+    store = ModelStore(Path(settings.model_dir) if settings.model_dir else None)
+    return str(store.resolve(name))
+
+
+def _settings_summary(settings: Settings) -> dict[str, Any]:
+    keys = (
+        "target",
+        "draft",
+        "exact",
+        "threads",
+        "num_draft_tokens",
+        "context_size",
+        "ngram_min_n",
+        "draft_p_min",
+    )
+    return {k: getattr(settings, k) for k in keys} | {"date": time.strftime("%Y-%m-%d %H:%M")}

@@ -1,0 +1,79 @@
+"""What exact mode costs: target decode time per call size, exact vs fast mode (``--no-exact``).
+
+Each mode runs in a fresh process per round (:mod:`specserve.tools.measure.fresh_process` says why not both in
+one), the order alternating round by round, and the report gives the median over rounds of each process's
+median.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+from specserve.tools.measure.fresh_process import run_json_module
+
+SIZES = (1, 2, 4, 8, 16, 32)
+
+
+def time_calls(
+    model_path: str, exact: bool, threads: int, sizes: tuple[int, ...], repeats: int
+) -> dict[str, Any]:
+    """In this process: median seconds per decode call of each size after a 70-token context."""
+    from specserve.backends.base import DecodeChunk
+    from specserve.backends.llama_cpp import LlamaCppRuntime
+
+    runtime = LlamaCppRuntime(model_path, context_per_sequence=1024, n_threads=threads, exact=exact)
+    try:
+        context = runtime.tokenize("def example(values):\n    return [v * 2 for v in values]\n" * 4)
+        runtime.decode([DecodeChunk(0, context, 0, 1)])
+        times: dict[int, list[float]] = {n: [] for n in sizes}
+        for _ in range(repeats + 1):  # the first pass warms every shape up and is dropped
+            for n in sizes:
+                start = time.perf_counter()
+                runtime.decode([DecodeChunk(0, context[:n], len(context), n)])
+                times[n].append(time.perf_counter() - start)
+                runtime.truncate(0, len(context))
+        return {
+            "exactness": runtime.info.exactness,
+            "ms": {n: statistics.median(t[1:]) * 1000 for n, t in times.items()},
+        }
+    finally:
+        runtime.close()
+
+
+def measure_exact_cost(
+    model_path: str, threads: int, rounds: int = 3, sizes: tuple[int, ...] = SIZES, repeats: int = 5
+) -> dict[str, Any]:
+    """Median ms per call size, exact and fast, each mode a fresh process per round (order alternating)."""
+    per_mode: dict[str, list[dict[str, float]]] = {"exact": [], "fast": []}
+    exactness = ""
+    for r in range(rounds):
+        for mode in ("exact", "fast") if r % 2 == 0 else ("fast", "exact"):
+            args = [
+                model_path,
+                str(int(mode == "exact")),
+                str(threads),
+                ",".join(map(str, sizes)),
+                str(repeats),
+            ]
+            result = run_json_module("specserve.tools.measure.exact_cost", args)
+            per_mode[mode].append(result["ms"])
+            if mode == "exact":
+                exactness = result["exactness"]
+    calls = {
+        str(n): {
+            f"{mode}_ms": round(statistics.median(run[str(n)] for run in runs), 2)
+            for mode, runs in per_mode.items()
+        }
+        for n in sizes
+    }
+    return {"exactness": exactness, "rounds": rounds, "calls": calls}
+
+
+if __name__ == "__main__":  # one mode of one round (see measure_exact_cost)
+    model, exact, threads, sizes, repeats = sys.argv[1:6]
+    out = time_calls(model, exact == "1", int(threads), tuple(int(s) for s in sizes.split(",")), int(repeats))
+    print(json.dumps(out))
