@@ -32,7 +32,7 @@ def _fail(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specserve", description=__doc__)
     parser.add_argument(
         "--log-level", dest="global_log_level", default=None, help="Python log level (DEBUG, INFO, WARNING)."
@@ -77,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     if getattr(args, "log_level", None) is None:  # `specserve --log-level X serve` sets the serve setting too
         args.log_level = args.global_log_level and args.global_log_level.lower()
     logging.basicConfig(
@@ -245,15 +245,18 @@ def _models(args: argparse.Namespace) -> int:
     if args.action == "list":
         rows = store.list()
         if args.json:
-            print(json.dumps([vars(r) for r in rows], indent=2, default=str))
+            # "verified": the word of `models verify` (the JSON keeps the name users see)
+            shown = [{"name": r.name, "path": str(r.path), "present": r.present, "size": r.size,
+                      "verified": r.checksum_ok} for r in rows]  # fmt: skip
+            print(json.dumps(shown, indent=2))
         for r in rows:
             if not args.json:
-                state = "verified" if r.verified else ("present" if r.present else "missing")
+                state = "verified" if r.checksum_ok else ("present" if r.present else "missing")
                 print(f"{r.name:32} {state:9} {r.size or 0:>14,} {r.path}")
         return 0
     ok = True
     for name in names:
-        report = store.verify(CATALOG.get(name) or name, progress=sys.stderr.isatty())
+        report = store.check_checksum(CATALOG.get(name) or name, progress=sys.stderr.isatty())
         ok = ok and report.ok
         print(f"{name}: {'OK' if report.ok else 'MISMATCH'} size={report.size} sha256={report.sha256}")
     return 0 if ok else 1

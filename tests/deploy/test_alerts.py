@@ -21,24 +21,18 @@ from typing import Any
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-DEPLOY = ROOT / "deploy"
+from .files import COMPOSE, DEPLOY, ROOT, TARGET_LABELS, known_series
+from .promql import query_refs
+
 ALERTS = DEPLOY / "prometheus" / "alerts.yml"
 ALERT_TESTS = DEPLOY / "prometheus" / "alerts.test.yml"
 PROMETHEUS_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
-COMPOSE = DEPLOY / "compose.yaml"
-METRIC_NAMES = DEPLOY / "metrics-names.txt"
 GET_PROMTOOL = ROOT / "scripts" / "get-promtool.sh"
 
 SEVERITIES = ("warning", "critical")
-TARGET_LABELS = frozenset({"job", "instance"})  # added by Prometheus to every scraped series
 # Added by the scrape where one target serves several engines (Ray Serve); grouping by it is harmless where
 # it is absent, so the rules may group by it although no metric lists it.
 OPTIONAL_LABELS = frozenset({"replica"})
-# Names that are not selectors (grouping clauses with their label lists are taken out before).
-PROMQL_WORDS = frozenset(
-    {"and", "or", "unless", "atan2", "bool", "offset", "group_left", "group_right", "inf", "nan"}
-)
 
 
 def in_ci() -> bool:
@@ -142,79 +136,35 @@ def test_prometheus_loads_the_rules() -> None:
 # -- metric names -------------------------------------------------------------------------------------------
 
 
-@cache
-def known_series() -> dict[str, frozenset[str]]:
-    """Series name → labels a rule may use, from metrics-names.txt (entries and "#+ " front entries)."""
-    series: dict[str, frozenset[str]] = {"up": TARGET_LABELS}
-    for line in METRIC_NAMES.read_text().splitlines():
-        entry = line.removeprefix("#+ ") if line.startswith("#+ ") else line
-        if not entry.strip() or entry.lstrip().startswith("#"):
-            continue
-        name, kind, *rest = entry.split()
-        labels = frozenset(rest[0].split(",") if rest else ()) | TARGET_LABELS
-        if kind == "histogram":
-            series |= {name + "_bucket": labels | {"le"}, name + "_sum": labels, name + "_count": labels}
-        else:
-            series[name] = labels
-    return series
+def alert_series() -> dict[str, frozenset[str]]:
+    """Series name → labels a rule may use: the replicas' metrics, the front's (``#+`` entries), ``up``."""
+    return {"up": TARGET_LABELS, **known_series(front=True)}
 
 
-def expr_refs(expr: str) -> tuple[list[tuple[str, set[str]]], set[str]]:
-    """(series name, labels of its matchers) for each selector in a PromQL expression, and grouping labels.
-
-    Lexical, enough for these rules: strings, label matchers, ranges and grouping lists come out first; what
-    then remains as a name not followed by "(" is a selector.
-    """
-    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
-    grouping: set[str] = set()
-
-    def take_grouping(m: re.Match[str]) -> str:
-        grouping.update(label.strip() for label in m.group(2).split(",") if label.strip())
-        return " "
-
-    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)", take_grouping, text)
-    selectors: list[tuple[str, set[str]]] = []
-
-    def take_selector(m: re.Match[str]) -> str:
-        labels = set(re.findall(r"([A-Za-z_]\w*)\s*(?:=~|!~|!=|=)", m.group(2) or ""))
-        selectors.append((m.group(1), labels))
-        return " "
-
-    text = re.sub(r"\[[^\]]*\]", " ", text)
-    text = re.sub(r"(?<![\w:])([A-Za-z_:][\w:]*)(?![\w:])\s*(?:\{([^}]*)\})?(?!\s*\()", take_selector, text)
-    names = [(n, labels) for n, labels in selectors if n.lower() not in PROMQL_WORDS]
-    return names, grouping
-
-
-def test_expr_refs() -> None:
-    names, grouping = expr_refs(
+def test_query_refs_on_rule_syntax() -> None:
+    refs = query_refs(
         'histogram_quantile(0.95, sum by (job, le) (rate(a_bucket{x=~"b|c"}[5m]))) > 5 '
         "and on (job) absent(up) or b:c_total / ignoring(x) d"
     )
-    assert names == [("a_bucket", {"x"}), ("up", set()), ("b:c_total", set()), ("d", set())]
-    assert grouping == {"job", "le", "x"}
+    assert refs.series == [("a_bucket", {"x"}), ("up", set()), ("b:c_total", set()), ("d", set())]
+    assert refs.grouping_labels == {"job", "le", "x"}
 
 
 @pytest.mark.parametrize("rule", rules(), ids=lambda r: f"{r['alert']}-{r['labels']['severity']}")
 def test_rule_reads_exported_metrics(rule: dict[str, Any]) -> None:
-    names, grouping = expr_refs(rule["expr"])
+    try:
+        refs = query_refs(rule["expr"])
+    except ValueError as exc:
+        raise AssertionError(f"{rule['alert']}: {rule['expr']}: {exc}") from exc
+    names, grouping = refs.series, refs.grouping_labels
     assert names, rule["expr"]
-    series = known_series()
+    series = alert_series()
     allowed = set(OPTIONAL_LABELS)
     for name, labels in names:
         assert name in series, f"{rule['alert']}: {name} is not in deploy/metrics-names.txt"
         assert labels <= series[name], f"{rule['alert']}: {name} has no label(s) {labels - series[name]}"
         allowed |= series[name]
     assert grouping <= allowed, f"{rule['alert']}: unknown grouping labels {grouping - allowed}"
-
-
-def test_rule_exprs_parse() -> None:
-    promql_parser = pytest.importorskip("promql_parser")
-    for rule in rules():
-        try:
-            promql_parser.parse(rule["expr"])
-        except ValueError as exc:
-            raise AssertionError(f"{rule['alert']}: {rule['expr']}: {exc}") from exc
 
 
 # -- rule conventions ---------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .test_deploy_files import K8S, K8S_SCHEMA_VERSION, image_pinned, k8s_docs, rel
+from .files import K8S, K8S_SCHEMA_VERSION, image_pinned, k8s_docs, rel
 
 CANARY = K8S / "canary"
 SUFFIX = "-canary"

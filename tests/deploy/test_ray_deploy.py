@@ -26,6 +26,8 @@ import yaml
 
 from specserve.config import Settings, env_name, load_settings, settings_mapping
 
+from .files import cli_args
+
 pytest.importorskip("ray.serve", reason="the ray extra is not installed (pip install 'specserve[ray]')")
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -173,15 +175,6 @@ def quantity(value: str | int | float) -> float:
         if text.endswith(suffix):
             return float(text[: -len(suffix)]) * factor
     return float(text)
-
-
-def cli_args(argv: list[str]) -> Any:
-    from specserve.cli import _parser
-
-    try:
-        return _parser().parse_args(argv)
-    except SystemExit as exc:
-        raise AssertionError(f"specserve rejects the arguments {argv}") from exc
 
 
 def literal_env(container: dict[str, Any]) -> dict[str, str]:

@@ -197,35 +197,37 @@ def test_pull_prefers_installed_modules(
 def test_list_shows_catalog_and_other_gguf_files(tmp_path: Path, wheelhouse: Wheelhouse) -> None:
     store = make_store(tmp_path, wheelhouse)
     [absent] = store.list()
-    assert (absent.name, absent.present, absent.size, absent.verified) == ("tiny-test", False, None, False)
+    assert (absent.name, absent.present, absent.size, absent.checksum_ok) == ("tiny-test", False, None, False)
 
     seed_parts(store, wheelhouse)
     store.pull(wheelhouse.spec, progress=False)
     (tmp_path / "mine.gguf").write_bytes(b"GGUF" + bytes(60))
     pulled, other = store.list()
-    assert (pulled.present, pulled.size, pulled.verified) == (True, wheelhouse.spec.size, True)
+    assert (pulled.present, pulled.size, pulled.checksum_ok) == (True, wheelhouse.spec.size, True)
     assert (other.name, other.path, other.present, other.size) == ("mine", tmp_path / "mine.gguf", True, 64)
-    assert not other.verified
-    store.verify(other.path)
-    assert store.list()[1].verified
+    assert not other.checksum_ok
+    store.check_checksum(other.path)
+    assert store.list()[1].checksum_ok
 
 
 def test_verify_catalog_model(tmp_path: Path, wheelhouse: Wheelhouse) -> None:
     store = make_store(tmp_path, wheelhouse)
     seed_parts(store, wheelhouse)
     path = store.pull(wheelhouse.spec, progress=False)
-    report = store.verify(wheelhouse.spec)
+    report = store.check_checksum(wheelhouse.spec)
     assert report.ok and report.is_gguf
     assert (report.sha256, report.expected_sha256) == (wheelhouse.spec.sha256, wheelhouse.spec.sha256)
-    assert store.verify(str(path)).expected_sha256 == wheelhouse.spec.sha256  # a path in the cache counts too
+    assert (
+        store.check_checksum(str(path)).expected_sha256 == wheelhouse.spec.sha256
+    )  # a path in the cache counts too
 
     with open(path, "r+b") as f:  # corrupt one byte in place
         f.seek(100)
         f.write(bytes([wheelhouse.payload[100] ^ 0xFF]))
-    report = store.verify("tiny-test")
+    report = store.check_checksum("tiny-test")
     assert not report.ok
     assert report.sha256 != wheelhouse.spec.sha256
-    assert not store.list()[0].verified
+    assert not store.list()[0].checksum_ok
 
 
 def test_verify_other_files(tmp_path: Path, wheelhouse: Wheelhouse) -> None:
@@ -233,16 +235,16 @@ def test_verify_other_files(tmp_path: Path, wheelhouse: Wheelhouse) -> None:
     gguf_like, text = tmp_path / "a.gguf", tmp_path / "b.txt"
     gguf_like.write_bytes(b"GGUF1234")
     text.write_text("hello")
-    good = store.verify(gguf_like)
+    good = store.check_checksum(gguf_like)
     assert good.ok and good.is_gguf and good.expected_sha256 is None and good.size == 8
     assert good.sha256 == hashlib.sha256(b"GGUF1234").hexdigest()
     assert not (tmp_path / "a.gguf.verified").exists()  # no stamps written outside the cache
-    bad = store.verify(text)
+    bad = store.check_checksum(text)
     assert not bad.ok and not bad.is_gguf
     with pytest.raises(ModelNotFoundError, match="no such model file"):
-        store.verify(tmp_path / "missing.gguf")
+        store.check_checksum(tmp_path / "missing.gguf")
     with pytest.raises(ModelNotFoundError):
-        store.verify(wheelhouse.spec)  # not pulled yet
+        store.check_checksum(wheelhouse.spec)  # not pulled yet
 
 
 def test_resolve(tmp_path: Path, wheelhouse: Wheelhouse, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,7 +4,11 @@ Model computation never runs on the event loop: a single engine thread owns the 
 are not thread-safe) and loops ``step()`` while there is work. Requests and aborts reach it through a
 command queue; outputs go back to each request's ``asyncio.Queue`` with ``call_soon_threadsafe``.
 Admission control (a bounded waiting queue) happens here, before a request reaches the engine.
-Anything else that must touch the engine (the admin switch) goes through ``call_soon`` to the same thread.
+
+This class is the server's one interface to the running engine: requests (``generate``, ``abort``), what is
+served (``info``, ``vocabulary``, the drafters), the counters, the speculation switch and the prefix cache's
+index. The :class:`SpeculativeEngine` itself stays private to the engine thread; anything that must change
+it runs there between two steps (``_call_soon``).
 """
 
 from __future__ import annotations
@@ -19,7 +23,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from specserve.backends.base import RuntimeInfo, Vocabulary
 from specserve.engine.engine import RequestOutput, SpeculativeEngine
+from specserve.engine.prefix_cache import PrefixCacheStats
+from specserve.engine.stats import EngineStats
 from specserve.request import SamplingParams
 from specserve.sequence import SpeculationOptions
 
@@ -72,8 +79,12 @@ class AsyncEngine:
     """Thread-hosted engine with an async, per-request output stream."""
 
     def __init__(self, engine: SpeculativeEngine, max_waiting: int = 64) -> None:
-        self.engine = engine
+        self._engine = engine
         self.max_waiting = max_waiting
+        self.info: RuntimeInfo = engine.target.info
+        """The target's static facts (vocabulary size, context, exactness)."""
+        self.vocabulary: Vocabulary = engine.target
+        """Tokenizing and the chat template (any thread: llama.cpp's vocabulary is read-only)."""
         self._commands: queue.Queue[_Command | None] = queue.Queue()
         self._in_flight = 0  # submitted and not finished; guarded by _lock
         self._lock = threading.Lock()
@@ -88,7 +99,7 @@ class AsyncEngine:
 
     @property
     def num_running(self) -> int:
-        return len(self.engine.scheduler.running)
+        return len(self._engine.scheduler.running)
 
     @property
     def num_waiting(self) -> int:
@@ -110,7 +121,7 @@ class AsyncEngine:
         with self._lock:
             # Capacity is max_running + max_waiting requests in flight. (Subtracting the scheduler's running
             # list instead counted requests still in the command queue as waiting, while slots were free.)
-            if self._in_flight - self.engine.scheduler.max_running >= self.max_waiting:
+            if self._in_flight - self._engine.scheduler.max_running >= self.max_waiting:
                 raise QueueFullError(f"the waiting queue is full ({self.max_waiting} requests)")
             self._in_flight += 1
         loop = asyncio.get_running_loop()
@@ -147,7 +158,70 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         self._send(_Abort(request_id))
 
-    def call_soon(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
+    # -- what the engine serves, and its state (event loop side; reads of small values) ----------------
+
+    def loaded_drafters(self) -> list[str]:
+        """The drafters that can run now (one that failed repeatedly is gone)."""
+        return list(self._engine.drafters)
+
+    @property
+    def configured_drafters(self) -> tuple[str, ...]:
+        """The drafters the policy may choose from when a request names none (``auto``)."""
+        return self._engine.options.drafters
+
+    def disabled_drafters(self) -> list[str]:
+        """Configured drafters disabled after repeated failures."""
+        return self._engine.disabled_drafters()
+
+    @property
+    def speculation_enabled(self) -> bool:
+        """The server-wide switch (``POST /admin/speculation``)."""
+        return self._engine.options.speculation_enabled
+
+    def speculation_active(self) -> bool:
+        """The switch is on and at least one of the configured drafters is still loaded."""
+        return self._engine.speculation_active()
+
+    @property
+    def stats(self) -> EngineStats:
+        """The engine's counters (they only grow; step observers read them on the engine thread)."""
+        return self._engine.stats
+
+    def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        cache = self._engine.prefix_cache
+        return None if cache is None else cache.stats
+
+    def prefix_cache_usage(self) -> dict[str, int]:
+        """Tokens and bytes each tier of the prefix cache holds (empty without a prefix cache)."""
+        cache = self._engine.prefix_cache
+        if cache is None:
+            return {}
+        return {
+            "slot_tier_tokens": cache.slot_tier_tokens(),
+            "slot_tier_bytes": cache.slot_tier_bytes(),
+            "host_tier_tokens": cache.host_tier_tokens(),
+            "host_tier_bytes": cache.host_tier_bytes(),
+        }
+
+    def kv_usage(self) -> float:
+        """Share of the KV cache the running sequences fill, in [0, 1]."""
+        return self._engine.kv_usage()
+
+    async def set_speculation(self, enabled: bool, timeout: float) -> None:
+        """Turn speculation on or off between two steps: running requests continue, nothing is lost.
+        Raises EngineDeadError (or TimeoutError) when the engine thread does not apply it."""
+        future = self._call_soon(lambda: self._engine.switch_speculation(enabled))
+        await asyncio.wait_for(asyncio.wrap_future(future), timeout)
+
+    async def held_block_hashes(self, timeout: float) -> list[bytes]:
+        """Every block hash the prefix cache can serve (read on the engine thread: the index changes under
+        it); empty without a prefix cache."""
+        cache = self._engine.prefix_cache
+        if cache is None:
+            return []
+        return await asyncio.wait_for(asyncio.wrap_future(self._call_soon(cache.held_hashes)), timeout)
+
+    def _call_soon(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
         """Run ``fn`` on the engine thread between two steps; the future gets its result or exception."""
         result: concurrent.futures.Future[T] = concurrent.futures.Future()
         if self.error is not None or self._stopped:
@@ -157,10 +231,16 @@ class AsyncEngine:
         return result
 
     def shutdown(self) -> None:
+        """Stop the engine thread (waiting requests end with EngineDeadError); the models stay loaded."""
         self._stopped = True
         self._commands.put(None)
         self._wake.set()
         self._thread.join(timeout=30)
+
+    def close(self) -> None:
+        """Stop the engine thread and release the models."""
+        self.shutdown()
+        self._engine.close()
 
     def _send(self, command: _Command) -> None:
         self._commands.put(command)
@@ -172,17 +252,17 @@ class AsyncEngine:
         sinks: dict[str, Callable[[RequestOutput | BaseException], None]] = {}
         try:
             while True:
-                if not self.engine.has_work() and self._commands.empty():
+                if not self._engine.has_work() and self._commands.empty():
                     self._wake.wait()
                 self._wake.clear()
                 if not self._drain(sinks):
                     for waiting in sinks.values():  # shut down: no consumer may wait forever
                         waiting(EngineDeadError("engine shut down"))
                     return
-                if not self.engine.has_work():
+                if not self._engine.has_work():
                     continue
                 start = time.perf_counter()
-                outputs = self.engine.step()
+                outputs = self._engine.step()
                 elapsed = time.perf_counter() - start
                 for observer in self.step_observers:  # first: a client never sees output before its metrics
                     observer(outputs, elapsed)
@@ -214,15 +294,15 @@ class AsyncEngine:
                     command.result.set_exception(exc)
                 continue
             if isinstance(command, _Abort):
-                seq = self.engine.scheduler.find(command.request_id)
-                if seq is not None and self.engine.abort(command.request_id):
+                seq = self._engine.scheduler.find(command.request_id)
+                if seq is not None and self._engine.abort(command.request_id):
                     sink = sinks.get(command.request_id)
                     if sink is not None:  # a consumer may still wait: tell it the request ended
                         sink(RequestOutput(seq, [], "", True))
                     self._done(sinks, command.request_id)
                 continue
             try:
-                self.engine.add_request(
+                self._engine.add_request(
                     command.request_id,
                     command.prompt_ids,
                     command.params,

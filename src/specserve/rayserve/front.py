@@ -59,10 +59,11 @@ class ReplicaCounts:
 class Front:
     """What the front's routes share (set on ``app.state.front``)."""
 
-    def __init__(self, settings: Settings, engine: Any, engine_name: str, desired: int) -> None:
+    def __init__(self, settings: Settings, replicas: Any, deployment_name: str, desired: int) -> None:
         self.settings = settings
-        self.engine = engine.options(stream=True)
-        self.engine_name = engine_name
+        self.replicas = replicas.options(stream=True)
+        """Serve's handle to the engine deployment: a call goes to the replica its router picks."""
+        self.deployment_name = deployment_name
         self.access = AccessControl(settings)
         self.vocab: LlamaCppVocabulary | None = None
         self.routing = "prefix-affinity"
@@ -112,7 +113,7 @@ class Front:
 
         try:
             application = serve.status().applications.get(serve.get_replica_context().app_name)
-            deployment = application.deployments.get(self.engine_name) if application else None
+            deployment = application.deployments.get(self.deployment_name) if application else None
             if deployment is not None:
                 gone = ("STOPPING", "STOPPED")
                 return sum(n for state, n in deployment.replica_states.items() if state not in gone)
@@ -146,7 +147,7 @@ class Front:
 
         async def run() -> None:
             nonlocal status
-            async for part in self.engine.handle.remote(call):
+            async for part in self.replicas.handle.remote(call):
                 if part.start:
                     status = part.status
                 else:
@@ -254,6 +255,6 @@ def create_front_app(front: Front) -> FastAPI:
                 log.debug("no routing key: %s", exc)
         else:
             call = incoming_call(request, await request.body(), request_id)
-        return await relay(front.engine, call, front.metrics)
+        return await relay(front.replicas, call, front.metrics)
 
     return app

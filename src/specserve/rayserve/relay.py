@@ -73,12 +73,12 @@ def replica_failed(message: str) -> APIError:
     return APIError(503, message, "server_error", code="replica_failed", headers={"Retry-After": "1"})
 
 
-async def relay(engine: Any, call: HTTPCall, metrics: FrontMetrics) -> Response:
+async def relay(replicas: Any, call: HTTPCall, metrics: FrontMetrics) -> Response:
     """Send ``call`` to a replica through the engine deployment's streaming handle; errors before the
     response starts become OpenAI errors."""
     from ray.serve.exceptions import BackPressureError
 
-    responses = engine.handle.remote(call)
+    responses = replicas.handle.remote(call)
     try:
         first = await responses.__anext__()
     except BackPressureError:

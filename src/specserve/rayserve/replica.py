@@ -9,7 +9,6 @@ the replica in ``X-Specserve-Replica``. The router learns what each replica's pr
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -61,11 +60,7 @@ class EngineReplica:
     async def record_routing_stats(self) -> dict[str, Any]:
         """What the router reads: the prefix cache's block hashes and the queue."""
         engine = self.state.engine
-        cache = engine.engine.prefix_cache if engine is not None else None
-        held: list[bytes] = []
-        if engine is not None and cache is not None:
-            future = engine.call_soon(cache.held_hashes)  # the index belongs to the engine thread
-            held = await asyncio.wait_for(asyncio.wrap_future(future), STATS_TIMEOUT_S)
+        held = await engine.held_block_hashes(STATS_TIMEOUT_S) if engine is not None else []
         return {
             "replica": self.replica_id,
             "block_hashes": [routing_key(h) for h in held[-MAX_REPORTED_HASHES:]],

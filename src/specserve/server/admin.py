@@ -1,6 +1,6 @@
 """Operations endpoints: ``GET /metrics`` and the speculation switch ``GET|POST /admin/speculation``.
 
-The switch replaces the engine's (frozen) options on the engine thread, between two steps: running requests
+The switch changes the engine's options on the engine thread, between two steps: running requests
 continue as plain decoding from their next step, nothing is lost, and turning it back on resumes drafting
 (drafters catch up on the tokens they missed). Access to ``/admin/*`` is checked by the middleware.
 """
@@ -8,7 +8,6 @@ continue as plain decoding from their next step, nothing is lost, and turning it
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +17,6 @@ from starlette.responses import Response
 
 from specserve.engine.async_engine import AsyncEngine, EngineDeadError
 from specserve.server.errors import from_validation, unavailable
-from specserve.server.metrics import speculation_active
 from specserve.server.request_body import json_object, read_body
 
 if TYPE_CHECKING:
@@ -38,12 +36,12 @@ class SpeculationSwitch(BaseModel):
 
 
 def speculation_status(state: ServerState, engine: AsyncEngine) -> dict[str, Any]:
-    options = engine.engine.options
     reasons = state.degraded_reasons()
+    loaded = engine.loaded_drafters()
     return {
-        "enabled": options.speculation_enabled,
-        "active": speculation_active(engine),
-        "drafters": [name for name in options.drafters if name in engine.engine.drafters],
+        "enabled": engine.speculation_enabled,
+        "active": engine.speculation_active(),
+        "drafters": [name for name in engine.configured_drafters if name in loaded],
         "degraded": bool(reasons),
         "degraded_reasons": reasons,
     }
@@ -91,12 +89,8 @@ async def set_speculation(request: Request) -> dict[str, Any]:
     except ValidationError as exc:
         raise from_validation(exc.errors()) from None
 
-    def apply() -> None:  # on the engine thread: no step sees half a change
-        core = engine.engine
-        core.options = dataclasses.replace(core.options, speculation_enabled=switch.enabled)
-
-    try:
-        await asyncio.wait_for(asyncio.wrap_future(engine.call_soon(apply)), SWITCH_TIMEOUT_S)
+    try:  # applied on the engine thread between two steps: no step sees half a change
+        await engine.set_speculation(switch.enabled, SWITCH_TIMEOUT_S)
     except (TimeoutError, EngineDeadError):
         raise unavailable(
             "The engine did not apply the switch; see the server log.", "engine_stopped"

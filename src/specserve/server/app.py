@@ -25,7 +25,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
-from specserve.backends.base import ModelRuntime
+from specserve.backends.base import Vocabulary
 from specserve.chat import ChatTemplateError, chat_prompt_ids
 from specserve.config import Settings
 from specserve.engine.engine import RequestOutput, SpeculativeEngine
@@ -54,12 +54,11 @@ OFFLOAD_BYTES = 64 * 1024  # prompts in bodies larger than this are rendered and
 # -- prompts --------------------------------------------------------------------------------------
 
 
-def completion_prompt(runtime: ModelRuntime, request: p.CompletionRequest) -> list[int]:
+def completion_prompt(vocabulary: Vocabulary, vocab: int, request: p.CompletionRequest) -> list[int]:
     if isinstance(request.prompt, str):
-        ids = runtime.tokenize(request.prompt)
+        ids = vocabulary.tokenize(request.prompt)
     else:
         ids = request.prompt
-        vocab = runtime.info.vocab_size
         if any(not 0 <= t < vocab for t in ids):
             raise invalid_request(f"Token ids must be in [0, {vocab}).", "prompt")
     if not ids:
@@ -67,9 +66,9 @@ def completion_prompt(runtime: ModelRuntime, request: p.CompletionRequest) -> li
     return ids
 
 
-def chat_prompt(runtime: ModelRuntime, request: p.ChatCompletionRequest) -> list[int]:
+def chat_prompt(vocabulary: Vocabulary, request: p.ChatCompletionRequest) -> list[int]:
     try:
-        return chat_prompt_ids(runtime, request.chat_messages())
+        return chat_prompt_ids(vocabulary, request.chat_messages())
     except ChatTemplateError as exc:
         raise invalid_request(str(exc), "messages") from None
 
@@ -88,19 +87,17 @@ async def generate(request: Request, chat: bool) -> Response:
     state: ServerState = request.app.state.server
     engine = state.require_engine()
     raw = await read_body(request, state.settings.max_request_bytes, state.settings.client_timeout)
-    runtime = engine.engine.target
+    vocabulary, info = engine.vocabulary, engine.info
     req: p.CompletionRequest | p.ChatCompletionRequest
     if chat:
         req = p.parse_request(raw, p.ChatCompletionRequest)
-        prepare = partial(chat_prompt, runtime, req)
+        prepare = partial(chat_prompt, vocabulary, req)
     else:
         req = p.parse_request(raw, p.CompletionRequest)
-        prepare = partial(completion_prompt, runtime, req)
+        prepare = partial(completion_prompt, vocabulary, info.vocab_size, req)
     state.check_model(req.model)
     ids = await prompt_ids(prepare, len(raw))
-    params = req.sampling_params(
-        len(ids), runtime.info.context_per_sequence, "messages" if chat else "prompt"
-    )
+    params = req.sampling_params(len(ids), info.context_per_sequence, "messages" if chat else "prompt")
     speculation = state.speculation(engine, req.speculative)
     salt = state.access.cache_salt(request.headers.get("authorization"), req.cache_salt)
     request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -167,13 +164,13 @@ async def ready(request: Request) -> JSONResponse:
         return JSONResponse({"status": state.status, "reason": state.reason}, status_code=503)
     report = state.report
     reasons = state.degraded_reasons()
-    target = state.engine.engine.target.info
+    target = state.engine.info
     return JSONResponse(
         {
             "status": "ready",
             "model": state.model_id,
-            "drafters": list(state.engine.engine.drafters),
-            "speculation": state.engine.engine.options.speculation_enabled,
+            "drafters": state.engine.loaded_drafters(),
+            "speculation": state.engine.speculation_enabled,
             "degraded": bool(reasons),
             "degraded_reasons": reasons,
             "notes": report.notes if report else [],
@@ -190,7 +187,7 @@ async def internal_state(request: Request) -> dict[str, Any]:
     engine = state.engine
     if engine is None:
         return {"ready": False, "running": 0, "waiting": 0, "finished": dict.fromkeys(FINISH_REASONS, 0)}
-    finished = engine.engine.stats.finished
+    finished = engine.stats.finished
     return {
         "ready": state.status == "ready",
         "running": engine.num_running,

@@ -166,7 +166,7 @@ class Metrics:
         """Export what the step just added to the engine's counters (the step observer)."""
         if self._engine is None:
             return
-        stats, last = self._engine.engine.stats, self._last
+        stats, last = self._engine.stats, self._last
         drafts = stats.num_drafts - last.num_drafts
         draft_tokens = stats.num_draft_tokens - last.num_draft_tokens
         if drafts:  # drafts and draft tokens before accepted ones: a scrape never sees accepted > drafted
@@ -187,9 +187,9 @@ class Metrics:
             self.verify_time.observe(stats.verify_seconds - last.verify_seconds)
         if stats.drafter_failures > last.drafter_failures:
             self.drafter_failures.inc(stats.drafter_failures - last.drafter_failures)
-        cache = self._engine.engine.prefix_cache
-        if cache is not None:
-            cstats, prev = cache.stats, self._last_cache
+        cstats = self._engine.prefix_cache_stats()
+        if cstats is not None:
+            prev = self._last_cache
             self.prefix_cache_queries.inc(cstats.queries - prev.queries)
             self.prefix_cache_hits.inc(cstats.hits - prev.hits)
             self.prefix_cache_drops.inc(cstats.host_drops - prev.host_drops)
@@ -225,19 +225,14 @@ class Metrics:
         return self._engine.num_waiting if self._engine else 0
 
     def _kv_usage(self) -> float:
-        if self._engine is None:
-            return 0.0
-        engine = self._engine.engine
-        capacity = engine.target.info.context_per_sequence * engine.scheduler.max_running
-        used = sum(seq.num_tokens for seq in list(engine.scheduler.running))
-        return min(1.0, used / capacity) if capacity else 0.0
+        return self._engine.kv_usage() if self._engine is not None else 0.0
 
     def _cache_gauge(self, name: str) -> float:
-        cache = self._engine.engine.prefix_cache if self._engine is not None else None
-        return float(getattr(cache, name)()) if cache is not None else 0.0
+        usage = self._engine.prefix_cache_usage() if self._engine is not None else {}
+        return float(usage.get(name, 0))
 
     def _enabled(self) -> float:
-        return 1.0 if self._engine is not None and speculation_active(self._engine) else 0.0
+        return 1.0 if self._engine is not None and self._engine.speculation_active() else 0.0
 
     def _degraded_value(self) -> float:
         return 1.0 if self._degraded() else 0.0
@@ -245,8 +240,3 @@ class Metrics:
     def _length(self) -> float:
         return self._draft_length if self._enabled() else 0.0
 
-
-def speculation_active(engine: AsyncEngine) -> bool:
-    """The switch is on and at least one of the configured drafters is still loaded."""
-    options = engine.engine.options
-    return options.speculation_enabled and any(name in engine.engine.drafters for name in options.drafters)

@@ -98,11 +98,8 @@ class ServerState:
         """Why speculation runs with less than configured: a draft model not loaded, a drafter disabled."""
         reasons = list(self.report.notes) if self.report is not None and self.report.degraded else []
         if self.engine is not None:
-            core = self.engine.engine
             reasons += [
-                f"drafter {name} disabled after repeated failures"
-                for name in core.options.drafters
-                if name not in core.drafters
+                f"drafter {name} disabled after repeated failures" for name in self.engine.disabled_drafters()
             ]
         return reasons
 
@@ -119,8 +116,7 @@ class ServerState:
             if self.status in ("ready", "draining"):
                 self.status, self.reason = "stopped", "the server is shutting down"
         if engine is not None:
-            engine.shutdown()
-            engine.engine.close()
+            engine.close()
 
     def require_engine(self) -> AsyncEngine:
         if self.status != "ready" or self.engine is None:
@@ -141,7 +137,7 @@ class ServerState:
     ) -> SpeculationOptions | None:
         if spec is None:
             return None
-        loaded = list(engine.engine.drafters)
+        loaded = engine.loaded_drafters()
         if spec.drafter is not None and spec.drafter not in (*loaded, "auto", "none"):
             raise invalid_request(
                 f"The drafter '{spec.drafter}' is not available; choose one of "

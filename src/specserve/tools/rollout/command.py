@@ -18,7 +18,7 @@ from specserve.request import SamplingParams
 from specserve.tools.flags import names, parse_int_list
 from specserve.tools.output import command_line, progress, stamped, write_report
 from specserve.tools.rollout.consistency import ConsistencyOptions, ConsistencyReport, check_in_process
-from specserve.tools.rollout.reports import render_evaluate, render_verify
+from specserve.tools.rollout.reports import render_consistency, render_evaluate
 from specserve.tools.workloads import ToolInputError, Workload, select_workloads
 
 
@@ -42,7 +42,7 @@ def verify(args: argparse.Namespace) -> int:
     else:
         result, meta = _verify_over_http(args, workloads, options)
     report = stamped({**meta, **result.as_dict()})
-    write_report(args.output_dir, report, render_verify(report))
+    write_report(args.output_dir, report, render_consistency(report))
     progress(f"verify: {'PASS' if result.passed else 'FAIL'}")
     return 0 if result.passed else 1
 

@@ -13,7 +13,7 @@ def _num(value: float | None, digits: int = 2, suffix: str = "") -> str:
     return "–" if value is None else f"{value:.{digits}f}{suffix}"
 
 
-def render_verify(report: dict[str, Any]) -> str:
+def render_consistency(report: dict[str, Any]) -> str:
     greedy, sampled = report["greedy"], report["sampled"]
     out = [
         "## Speculation consistency check",
