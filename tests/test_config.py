@@ -64,7 +64,7 @@ def test_unset_flags_do_not_override_lower_sources() -> None:
 def test_every_setting_has_a_flag_and_an_env_name() -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    dests = {action.dest for action in parser._actions}
+    dests = set(vars(parser.parse_args([])))
     for f in dataclasses.fields(Settings):
         assert (f.name not in dests) if f.metadata["secret"] else (f.name in dests)  # secrets: env only
         assert f.metadata["help"]

@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from specserve.backends.base import DecodeChunk, ModelLoadError
+from specserve.backends.base import DecodeChunk, DecodeError, ModelLoadError
 from specserve.backends.llama_cpp import LlamaCppRuntime
 from specserve.models import read_header
 from support.tiny_models import CHAT_TEMPLATE, TinyModels, tiny_vocab
@@ -102,10 +102,14 @@ def test_runtime_info(open_runtime: OpenRuntime, tiny_models: TinyModels) -> Non
     assert "qwen2" in info.description
 
 
-def test_close_is_idempotent(open_runtime: OpenRuntime) -> None:
+def test_close_is_idempotent_and_final(open_runtime: OpenRuntime) -> None:
     runtime = open_runtime()
+    (rows,) = runtime.decode([DecodeChunk(0, tokens_of(4, 1), 0, 1)])
+    assert rows.shape == (1, runtime.info.vocab_size)
     runtime.close()
-    runtime.close()
+    runtime.close()  # a second close frees nothing twice (it would abort the process)
+    with pytest.raises(DecodeError, match="closed"):
+        runtime.decode([DecodeChunk(0, tokens_of(4, 1), 4, 1)])
 
 
 # -- vocabulary -------------------------------------------------------------------------------------

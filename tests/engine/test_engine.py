@@ -7,20 +7,25 @@ drafter and draft length, alone or batched with other sequences.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from collections.abc import Sequence as Seq
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from specserve.backends.base import HostLogits
 from specserve.backends.llama_cpp import LlamaCppRuntime
 from specserve.drafters.base import Drafter
 from specserve.drafters.draft_model import DraftModelDrafter
 from specserve.drafters.ngram import NgramDrafter
 from specserve.engine.cost_model import CostModel, StepCostTable
 from specserve.engine.draft_policy import CostAwarePolicy, DraftLengthPolicy, FixedLengthPolicy
-from specserve.engine.engine import EngineOptions, SpeculativeEngine
+from specserve.engine.engine import SpeculativeEngine
+from specserve.engine.options import EngineOptions
 from specserve.request import SamplingParams
 from specserve.sequence import Sequence, SpeculationOptions
+from specserve.verify import VerifyRequest
+from specserve.verify.host import HostVerifier
 from support.faulty_drafter import ExplodingDrafter
 from support.tiny_models import TinyModels
 
@@ -201,30 +206,36 @@ def test_abort_frees_the_slot_and_others_continue(tiny_models: TinyModels, plain
         while engine.has_work():
             engine.step()
         assert keep.output_ids == plain_greedy.output_ids
-        assert len(engine.scheduler._free_slots) == engine.target.info.max_sequences
+        assert engine.scheduler.num_free_slots == engine.target.info.max_sequences
 
 
 def test_a_request_that_fails_in_the_engine_fails_alone(
-    tiny_models: TinyModels, plain_greedy: Sequence, monkeypatch: pytest.MonkeyPatch
+    tiny_models: TinyModels, plain_greedy: Sequence
 ) -> None:
-    with make_engine(tiny_models) as engine:
-        verify = engine._verify
+    """The batched verifier fails on a step that holds the bad request: the engine verifies each sequence
+    alone, so only that request ends (``error``, its KV freed) and the other's output is unchanged."""
+    bad_params = SamplingParams(max_tokens=400)
 
-        def flaky(seq: Sequence, *args: object) -> list[int]:
-            if seq.request_id == "bad" and len(seq.output_ids) >= 3:
+    class FlakyVerifier(HostVerifier):
+        calls = 0
+
+        def verify(self, target_logits: HostLogits, requests: Seq[VerifyRequest]) -> list[list[int]]:
+            self.calls += 1
+            if self.calls >= 3 and any(r.params is bad_params for r in requests):
                 raise RuntimeError("injected failure")
-            return verify(seq, *args)  # type: ignore[arg-type]
+            return super().verify(target_logits, requests)
 
-        monkeypatch.setattr(engine, "_verify", flaky)
+    with make_engine(tiny_models) as engine:
+        engine.verifier = FlakyVerifier()
         ids = engine.target.tokenize(PROMPT)
         good = engine.add_request("good", ids, GREEDY, SpeculationOptions(drafter="ngram"))
-        bad = engine.add_request("bad", ids, SamplingParams(max_tokens=400))
+        bad = engine.add_request("bad", ids, bad_params)
         outputs = []
         while engine.has_work():
             outputs += engine.step()
         assert bad.finish_reason == "error" and any(o.seq is bad and o.finished for o in outputs)
         assert good.output_ids == plain_greedy.output_ids
-        assert len(engine.scheduler._free_slots) == engine.target.info.max_sequences
+        assert engine.scheduler.num_free_slots == engine.target.info.max_sequences
 
 
 def test_failing_drafter_falls_back_to_plain_output(tiny_models: TinyModels, plain_greedy: Sequence) -> None:
@@ -243,3 +254,29 @@ def test_cost_aware_policy_keeps_exactness(tiny_models: TinyModels, plain_greedy
     )
     assert seq.output_ids == plain_greedy.output_ids
     assert seq.stats.num_drafts > 0
+
+
+def test_one_verifier_call_per_step_covers_every_emitting_sequence(tiny_models: TinyModels) -> None:
+    """The seam a device runtime plugs into: the engine hands the verifier the step's logits rows as the
+    runtime left them, once per step, with one request per sequence that emits."""
+    calls: list[tuple[int, int]] = []  # (rows, requests)
+
+    class CountingVerifier(HostVerifier):
+        def verify(self, target_logits: HostLogits, requests: Seq[VerifyRequest]) -> list[list[int]]:
+            calls.append((target_logits.shape[0], len(requests)))
+            return super().verify(target_logits, requests)
+
+    with make_engine(tiny_models) as engine:
+        engine.verifier = CountingVerifier()
+        ids = engine.target.tokenize(PROMPT)
+        seqs = [
+            engine.add_request(f"r{i}", ids, GREEDY, SpeculationOptions(drafter="ngram")) for i in range(3)
+        ]
+        steps = 0
+        while engine.has_work():
+            outputs = engine.step()
+            steps += 1
+            assert len(calls) == steps, "one verifier call per step"
+            assert calls[-1][1] == len({o.request_id for o in outputs}) >= 1
+        assert all(s.finish_reason == "length" for s in seqs)
+        assert calls[0][0] == 3 and max(rows for rows, _ in calls) > 3  # first tokens, then drafts

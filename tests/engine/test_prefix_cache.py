@@ -22,7 +22,8 @@ from specserve.drafters.draft_model import DraftModelDrafter
 from specserve.drafters.ngram import NgramDrafter
 from specserve.engine.cost_model import CostModel, StepCostTable
 from specserve.engine.draft_policy import FixedLengthPolicy
-from specserve.engine.engine import EngineOptions, SpeculativeEngine
+from specserve.engine.engine import SpeculativeEngine
+from specserve.engine.options import EngineOptions
 from specserve.engine.prefix_cache import BLOCK_SIZE, PrefixCache, block_hashes
 from specserve.request import SamplingParams
 from specserve.sequence import Sequence, SpeculationOptions
@@ -141,11 +142,11 @@ def test_a_corrupted_host_blob_is_dropped_not_loaded(q4_k_m: Path, caplog: pytes
         run(engine, [ids, other])
         cache = engine.prefix_cache
         assert cache is not None
-        (holder,) = [h for h in cache._holders.values() if h.slot < 0]
+        (holder,) = cache.host_entries()
         holder.blob = holder.blob[:100] + bytes([holder.blob[100] ^ 0xFF]) + holder.blob[101:]
         with caplog.at_level(logging.WARNING, "specserve.prefix_cache"):
             (again,) = run(engine, [[*ids, 5]])
-        assert cache.stats.host_drops == 1 and all(h is not holder for h in cache._holders.values())
+        assert cache.stats.host_drops == 1 and all(h is not holder for h in cache.host_entries())
     assert "checksum" in caplog.text
     assert again.cached_tokens == 0 and again.output_ids == cold(q4_k_m, [*ids, 5])
 
@@ -156,7 +157,7 @@ def test_a_blob_that_does_not_load_is_dropped(q4_k_m: Path) -> None:
         run(engine, [ids, engine.target.tokenize("Something else entirely, " * 6)])
         cache = engine.prefix_cache
         assert cache is not None
-        (holder,) = [h for h in cache._holders.values() if h.slot < 0]
+        (holder,) = cache.host_entries()
         holder.blob = holder.blob[: len(holder.blob) // 2]  # truncated, with a matching checksum
         holder.checksum = zlib.crc32(holder.blob)
         (again,) = run(engine, [[*ids, 5]])
@@ -205,8 +206,7 @@ def test_no_cache_frees_kv_at_the_end(tiny_models: TinyModels) -> None:
     with make_engine(tiny_models.target, cache=False) as engine:
         ids = engine.target.tokenize(TEXT)
         run(engine, [ids])
-        lib, memory = engine.target._lib, engine.target._memory  # type: ignore[attr-defined]
-        assert all(lib.llama_memory_seq_pos_max(memory, s) == -1 for s in range(2))
+        assert all(engine.target.kv_positions(s) == 0 for s in range(2))
 
 
 def test_draft_model_starts_from_its_slots_leftover(tiny_models: TinyModels) -> None:
@@ -215,7 +215,7 @@ def test_draft_model_starts_from_its_slots_leftover(tiny_models: TinyModels) -> 
         assert isinstance(drafter, DraftModelDrafter)
         ids = engine.target.tokenize(TEXT)
         (first,) = run(engine, [ids], drafter="draft-model")
-        left = list(drafter._left[first.slot])
+        left = drafter.leftover(first.slot)
         assert left and left == first.tokens[: len(left)]
         turn2 = ids + first.output_ids + [9, 9]
         seq = engine.add_request("t2", turn2, GREEDY, SpeculationOptions(drafter="draft-model"))
@@ -240,7 +240,7 @@ def test_a_candidate_evicted_by_the_victims_save_is_skipped_regression_soak_keye
         a = engine.target.tokenize(TEXT)
         b = engine.target.tokenize("#" + TEXT)  # as long as a, another prefix
         run(engine, [a, b])  # a's KV is saved to the host tier when b takes the only slot
-        (blob,) = [h.blob for h in cache._holders.values() if h.slot < 0]
+        (blob,) = [h.blob for h in cache.host_entries()]
         cache.host_bytes = int(len(blob) * 1.5)  # room for one blob: saving b's evicts a's
         (c,) = run(engine, [[*a, 5]])
         assert c.cached_tokens == 0 and c.finish_reason == "length"  # a cold run, not a dead engine

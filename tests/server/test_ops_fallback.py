@@ -23,7 +23,8 @@ from specserve.drafters.base import Drafter
 from specserve.drafters.ngram import NgramDrafter
 from specserve.engine.cost_model import CostModel, StepCostTable
 from specserve.engine.draft_policy import FixedLengthPolicy
-from specserve.engine.engine import EngineOptions, SpeculativeEngine
+from specserve.engine.engine import SpeculativeEngine
+from specserve.engine.options import EngineOptions
 from specserve.server.app import create_app
 from support.faulty_drafter import ExplodingDrafter
 from support.tiny_models import TinyModels

@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import llama_cpp
-import llama_cpp._logger as llama_logger
 import numpy as np
 import numpy.typing as npt
 import pytest
 from gguf import TokenType
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
+from specserve.backends.llama_cpp_lib import llama_lib
 from specserve.models.compat import check_draft_compatible, read_vocab
 from support.tiny_models import (
     CHAT_TEMPLATE,
@@ -37,8 +37,7 @@ class Runner:
     """A single-sequence llama.cpp context through the low-level API, set up like the engine's exact mode."""
 
     def __init__(self, path: Path, *, n_ctx: int = 512, n_batch: int = 128) -> None:
-        llama_logger.set_verbose(False)
-        llama_cpp.llama_backend_init()
+        llama_lib()  # quiet logging and the backend initialised, as the runtime has them
         mparams = llama_cpp.llama_model_default_params()
         mparams.use_extra_bufts = False
         self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)

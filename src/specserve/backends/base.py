@@ -4,16 +4,19 @@ A runtime holds one model and one KV cache with room for ``max_sequences`` indep
 owns all token accounting; the runtime only appends tokens at positions it is told, returns logits rows, and
 truncates or frees a sequence's cache. That keeps rollback of rejected draft tokens a single ``truncate``.
 
-llama.cpp implements it today (:mod:`specserve.backends.llama_cpp`); a PyTorch/GPU backend only has to
-implement the same methods.
+llama.cpp implements it today (:mod:`specserve.backends.llama_cpp`). The interface is generic in where a
+runtime keeps its logits (``LogitsT``): llama.cpp hands back numpy arrays on the host, a GPU runtime keeps
+tensors on its device. The engine never looks inside them; it passes them to the verifier made for them
+(``specserve.verify``), so logits never have to leave the device. Code that reads logits itself (the draft
+model drafter, the calibration self-check, the tools) takes a :data:`HostRuntime`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Generic, Literal, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -78,6 +81,49 @@ class RuntimeInfo:
     """Why this mode: the self-check's outcome, or why it fell back to ``capped``."""
     kv_bytes_per_token: int = 0
     """KV cache bytes one token of one sequence takes (an estimate; 0 if unknown)."""
+    logits_device: str = "cpu"
+    """Where ``decode`` leaves the logits: ``cpu`` (numpy arrays) or a device name (``cuda``, tensors there);
+    the engine picks the verifier that works where they are."""
+
+
+LogitsT = TypeVar("LogitsT")
+HostLogits = npt.NDArray[np.float32]
+"""Logits rows on the host: ``[rows, vocab]`` float32."""
+
+
+@dataclass(frozen=True)
+class StepLogits(Generic[LogitsT]):
+    """The logits one ``decode`` returns: every row asked for, chunk after chunk, in one array.
+
+    Chunk ``i``'s rows are ``rows[offsets[i] : offsets[i + 1]]`` (``self[i]``); a chunk that asked for none
+    has an empty slice. Keeping them in one array is what a batched verifier wants: the emitting chunks'
+    rows back to back, as vLLM's rejection sampler lays out its input.
+
+    Example: chunks asking for 0, 4 and 1 rows give ``offsets == (0, 0, 4, 5)`` and ``rows`` of 5 rows.
+    """
+
+    rows: LogitsT
+    """``[num_rows, vocab]`` float32: numpy on the host, or a tensor on the runtime's device."""
+    offsets: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, chunk: int) -> LogitsT:
+        if not 0 <= chunk < len(self):
+            raise IndexError(f"chunk {chunk} of {len(self)}")
+        return self.rows[self.offsets[chunk] : self.offsets[chunk + 1]]  # type: ignore[index, no-any-return]
+
+    def __iter__(self) -> Iterator[LogitsT]:
+        return (self[i] for i in range(len(self)))
+
+
+def row_offsets(rows_per_chunk: Sequence[int]) -> tuple[int, ...]:
+    """``[0, 4, 1]`` → ``(0, 0, 4, 5)``: where each chunk's rows start in a :class:`StepLogits`."""
+    offsets = [0]
+    for n in rows_per_chunk:
+        offsets.append(offsets[-1] + n)
+    return tuple(offsets)
 
 
 def one_call(chunk_rows: Sequence[int]) -> list[int]:
@@ -98,8 +144,8 @@ class Vocabulary(Protocol):
     def special_token_text(self, which: str) -> str: ...
 
 
-class ModelRuntime(ABC):
-    """One model with a multi-sequence KV cache."""
+class ModelRuntime(ABC, Generic[LogitsT]):
+    """One model with a multi-sequence KV cache, returning logits of type ``LogitsT``."""
 
     info: RuntimeInfo
 
@@ -124,10 +170,10 @@ class ModelRuntime(ABC):
         """Text of the ``bos`` or ``eos`` token (for chat templates); empty if the model has none."""
 
     @abstractmethod
-    def decode(self, chunks: Sequence[DecodeChunk]) -> list[npt.NDArray[np.float32]]:
-        """Evaluate all chunks in one batch; returns per chunk its logits ``[num_logits, vocab]`` float32.
+    def decode(self, chunks: Sequence[DecodeChunk]) -> StepLogits[LogitsT]:
+        """Evaluate all chunks in one batch; chunk ``i``'s logits ``[num_logits, vocab]`` are ``result[i]``.
 
-        The arrays may be views into the runtime's buffer: valid until the next ``decode`` call.
+        The rows may be a view into the runtime's buffer: valid until the next ``decode`` call.
         """
 
     def call_rows(self, chunk_rows: Sequence[int]) -> list[int]:
@@ -150,6 +196,10 @@ class ModelRuntime(ABC):
     def close(self) -> None:
         """Release the model and its cache."""
 
+    @abstractmethod
+    def kv_positions(self, seq_id: int) -> int:
+        """Positions the sequence's KV holds (0: empty); what ``truncate`` and ``free`` leave behind."""
+
     # -- KV reuse across requests (the prefix cache); a runtime without it keeps these defaults ----------
 
     def copy_sequence(self, src: int, dst: int, length: int) -> bool:
@@ -167,3 +217,7 @@ class ModelRuntime(ABC):
     def detokenize(self, token_ids: Sequence[int]) -> str:
         """Text of a token sequence; invalid UTF-8 (a cut multi-byte character) becomes U+FFFD."""
         return b"".join(self.token_bytes(t) for t in token_ids).decode("utf-8", errors="replace")
+
+
+HostRuntime = ModelRuntime[HostLogits]
+"""A runtime whose logits are numpy arrays on the host (llama.cpp), for code that reads them itself."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specserve.backends.base import DecodeChunk, ModelRuntime
+from specserve.backends.base import DecodeChunk, HostRuntime
 
 log = logging.getLogger("specserve.invariance")
 
@@ -49,7 +49,7 @@ class InvarianceResult:
         )
 
 
-def check_tokens(runtime: ModelRuntime, n: int) -> list[int]:
+def check_tokens(runtime: HostRuntime, n: int) -> list[int]:
     """``n`` ordinary token ids of the model, from fixed text (repeated if the vocabulary is coarse)."""
     text = "def check(values):\n    return [value * 2 for value in values if value]\n"
     tokens = runtime.tokenize(text, add_special=False)
@@ -58,9 +58,7 @@ def check_tokens(runtime: ModelRuntime, n: int) -> list[int]:
     return (tokens * (n // len(tokens) + 1))[:n]
 
 
-def check_batch_invariance(
-    runtime: ModelRuntime, seq_id: int = 0, rows: int = CHECK_ROWS
-) -> InvarianceResult:
+def check_batch_invariance(runtime: HostRuntime, seq_id: int = 0, rows: int = CHECK_ROWS) -> InvarianceResult:
     """Compare ``rows`` logits rows of one batched call with one-token decoding (sequence left empty).
 
     Precondition: ``runtime.decode`` runs a chunk of ``rows`` tokens as one backend call.

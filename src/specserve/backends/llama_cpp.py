@@ -34,15 +34,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from specserve.backends.base import (
     DecodeChunk,
     DecodeError,
     Exactness,
+    HostLogits,
     ModelLoadError,
     ModelRuntime,
     RuntimeInfo,
+    StepLogits,
+    row_offsets,
 )
 from specserve.backends.invariance import check_batch_invariance
 from specserve.backends.llama_cpp_lib import llama_lib
@@ -70,7 +72,7 @@ def build_is_batch_invariant() -> bool:
     return "BATCH_INVARIANT = 1" in features
 
 
-class LlamaCppRuntime(VocabularyMethods, ModelRuntime):
+class LlamaCppRuntime(VocabularyMethods, ModelRuntime[HostLogits]):
     """A GGUF model in llama.cpp with ``max_sequences`` independent KV streams."""
 
     def __init__(
@@ -185,20 +187,28 @@ class LlamaCppRuntime(VocabularyMethods, ModelRuntime):
 
     # -- evaluation -------------------------------------------------------------------------------
 
-    def decode(self, chunks: Sequence[DecodeChunk]) -> list[npt.NDArray[np.float32]]:
+    def decode(self, chunks: Sequence[DecodeChunk]) -> StepLogits[HostLogits]:
+        if self._closed:  # llama.cpp would read freed memory
+            raise DecodeError(f"{self._path.name}: the runtime is closed")
         calls = [
             [(index, self._piece(chunks[index], lo, hi)) for index, lo, hi in call]
             for call in self._pack([len(c.tokens) for c in chunks])
         ]
-        if len(calls) == 1:
-            return self._decode_one([piece for _, piece in calls[0]])
+        offsets = row_offsets([c.num_logits for c in chunks])
+        if len(calls) == 1:  # the common case: the rows stay in llama.cpp's buffer, in chunk order
+            return StepLogits(self._decode_one([piece for _, piece in calls[0]]), offsets)
         # Several llama_decode calls: copy logits out after each, as every call overwrites the buffer.
-        per_chunk: list[list[npt.NDArray[np.float32]]] = [[] for _ in chunks]
+        rows = np.empty((offsets[-1], self.info.vocab_size), np.float32)
+        filled = list(offsets[:-1])  # next free row of each chunk
         for call in calls:
-            arrays = self._decode_one([piece for _, piece in call])
-            for (index, _), arr in zip(call, arrays, strict=True):
-                per_chunk[index].append(arr.copy())
-        return [np.concatenate(parts) for parts in per_chunk]
+            logits = self._decode_one([piece for _, piece in call])
+            row = 0
+            for index, piece in call:
+                n = piece.num_logits
+                rows[filled[index] : filled[index] + n] = logits[row : row + n]
+                filled[index] += n
+                row += n
+        return StepLogits(rows, offsets)
 
     def call_rows(self, chunk_rows: Sequence[int]) -> list[int]:
         return [sum(hi - lo for _, lo, hi in call) for call in self._pack(chunk_rows)]
@@ -242,7 +252,8 @@ class LlamaCppRuntime(VocabularyMethods, ModelRuntime):
         want = min(hi - lo, max(0, chunk.num_logits - (len(chunk.tokens) - hi)))
         return DecodeChunk(chunk.seq_id, chunk.tokens[lo:hi], chunk.start_pos + lo, want)
 
-    def _decode_one(self, chunks: Sequence[DecodeChunk]) -> list[npt.NDArray[np.float32]]:
+    def _decode_one(self, chunks: Sequence[DecodeChunk]) -> HostLogits:
+        """One llama_decode call; the logits rows asked for, in chunk order (a view of llama.cpp's buffer)."""
         lib = self._lib
         i = 0
         for c in chunks:
@@ -260,17 +271,16 @@ class LlamaCppRuntime(VocabularyMethods, ModelRuntime):
             raise DecodeError(f"llama_decode failed with code {rc} (batch of {i} tokens; 1 = KV cache full)")
         n_out = sum(c.num_logits for c in chunks)
         if n_out == 0:
-            return [np.empty((0, self.info.vocab_size), np.float32) for _ in chunks]
+            return np.empty((0, self.info.vocab_size), np.float32)
         ptr = lib.llama_get_logits(self._ctx)
-        logits = np.ctypeslib.as_array(ptr, shape=(n_out, self.info.vocab_size))
-        out, row = [], 0
-        for c in chunks:
-            out.append(logits[row : row + c.num_logits])
-            row += c.num_logits
-        return out
+        logits: HostLogits = np.ctypeslib.as_array(ptr, shape=(n_out, self.info.vocab_size))
+        return logits
 
     def truncate(self, seq_id: int, length: int) -> None:
         self._lib.llama_memory_seq_rm(self._memory, seq_id, length, -1)
+
+    def kv_positions(self, seq_id: int) -> int:
+        return int(self._lib.llama_memory_seq_pos_max(self._memory, seq_id)) + 1
 
     def free(self, seq_id: int) -> None:
         self._lib.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
@@ -301,7 +311,7 @@ class LlamaCppRuntime(VocabularyMethods, ModelRuntime):
         if not lib.llama_state_seq_set_data(self._ctx, buf, len(blob), seq_id):
             lib.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
             return 0
-        return int(lib.llama_memory_seq_pos_max(self._memory, seq_id)) + 1
+        return self.kv_positions(seq_id)
 
     def close(self) -> None:
         if self._closed:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from specserve.backends.base import BackendError, DecodeChunk, ModelRuntime
+from specserve.backends.base import BackendError, DecodeChunk, HostRuntime
 from specserve.drafters.base import Drafter, DrafterError, DraftOption, Proposal
 from specserve.drafters.registry import DrafterContext
 from specserve.request import DRAFT_STREAM
@@ -44,7 +44,7 @@ class DraftModelDrafter(Drafter):
     name = "draft-model"
     uses_model = True
 
-    def __init__(self, runtime: ModelRuntime, p_min: float = 0.6) -> None:
+    def __init__(self, runtime: HostRuntime, p_min: float = 0.6) -> None:
         self.runtime = runtime
         self.p_min = p_min
         self._left: dict[int, list[int]] = {}
@@ -60,6 +60,10 @@ class DraftModelDrafter(Drafter):
             state = _DraftState()
             seq.drafter_state[self.name] = state
         return state
+
+    def leftover(self, slot: int) -> list[int]:
+        """The tokens whose draft KV a finished request left in ``slot`` (empty once reused)."""
+        return list(self._left.get(slot, []))
 
     def available(self, seq: Sequence, limit: int) -> DraftOption:
         return DraftOption(max(0, limit), setup_tokens=seq.num_tokens - self._state(seq).computed)

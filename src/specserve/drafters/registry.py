@@ -12,7 +12,7 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specserve.backends.base import ModelRuntime
+from specserve.backends.base import HostRuntime
 from specserve.config import DrafterName
 from specserve.drafters.base import Drafter, DrafterError
 
@@ -21,7 +21,7 @@ from specserve.drafters.base import Drafter, DrafterError
 class DrafterContext:
     """What a drafter factory may use."""
 
-    draft_runtime: ModelRuntime | None = None
+    draft_runtime: HostRuntime | None = None
     ngram_min_n: int = 2
     draft_p_min: float = 0.6
 

@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specserve.backends.base import ModelRuntime
+from specserve.backends.base import HostRuntime
 from specserve.config import DrafterName, PolicyChoice, Settings
 from specserve.drafters.base import Drafter
 from specserve.drafters.registry import DrafterContext, build_drafter
 from specserve.engine.cost_model import CostModel, StepCostTable, cached_calibration
 from specserve.engine.draft_policy import CostAwarePolicy, DraftLengthPolicy, FixedLengthPolicy
-from specserve.engine.engine import EngineOptions, SpeculativeEngine
+from specserve.engine.engine import SpeculativeEngine
+from specserve.engine.options import EngineOptions
 from specserve.engine.prefix_cache import PrefixCache
 
 if TYPE_CHECKING:
@@ -51,8 +52,8 @@ class LoadedModels:
     """The runtimes, their measured costs and the drafters over them: what engines are made of."""
 
     settings: Settings
-    target: ModelRuntime
-    draft: ModelRuntime | None
+    target: HostRuntime
+    draft: HostRuntime | None
     costs: CostModel
     drafters: dict[str, Drafter]
     report: BuildReport
@@ -142,7 +143,7 @@ def load_models(settings: Settings, calibrate_costs: bool = True, keep_draft: bo
         calib_dir = store.cache_dir / "calibration" if settings.calibration_cache else None
         key = calibration_key(settings, target)
 
-        def measure(runtime: ModelRuntime) -> StepCostTable:
+        def measure(runtime: HostRuntime) -> StepCostTable:
             return cached_calibration(runtime, 0, calib_dir, key) if calibrate_costs else flat_costs()
 
         costs = CostModel(measure(target))
@@ -159,14 +160,14 @@ def load_models(settings: Settings, calibrate_costs: bool = True, keep_draft: bo
     return LoadedModels(settings, target, draft, costs, drafters, report)
 
 
-def build_drafters(settings: Settings, draft: ModelRuntime | None) -> dict[str, Drafter]:
+def build_drafters(settings: Settings, draft: HostRuntime | None) -> dict[str, Drafter]:
     """Every drafter the loaded models allow: n-gram always, the draft model when one is loaded."""
     context = DrafterContext(draft, settings.ngram_min_n, settings.draft_p_min)
     names: list[DrafterName] = ["ngram"] if draft is None else ["ngram", "draft-model"]
     return {name: build_drafter(name, context) for name in names}
 
 
-def open_runtime(path: str, settings: Settings, max_sequences: int, self_check: bool = True) -> ModelRuntime:
+def open_runtime(path: str, settings: Settings, max_sequences: int, self_check: bool = True) -> HostRuntime:
     """A llama.cpp runtime for ``settings``; ``self_check=False`` for a draft model (see LlamaCppRuntime)."""
     from specserve.backends.llama_cpp import LlamaCppRuntime
 
@@ -220,10 +221,10 @@ def _load_draft(
     target_path: Path,
     costs: CostModel,
     report: BuildReport,
-    measure: Callable[[ModelRuntime], StepCostTable],
+    measure: Callable[[HostRuntime], StepCostTable],
     keep_draft: bool,
     max_k: int,
-) -> ModelRuntime | None:
+) -> HostRuntime | None:
     """The draft runtime, calibrated into ``costs``; None (degraded, or it cannot pay) where allowed."""
     from specserve.models import ModelStoreError, check_draft_compatible, read_vocab
 
@@ -260,7 +261,7 @@ def _load_draft(
     return None
 
 
-def calibration_key(settings: Settings, target: ModelRuntime) -> dict[str, object]:
+def calibration_key(settings: Settings, target: HostRuntime) -> dict[str, object]:
     """What a cached cost calibration depends on besides the model file (see ``cached_calibration``)."""
     return {
         "threads": target.info.n_threads,
@@ -271,7 +272,7 @@ def calibration_key(settings: Settings, target: ModelRuntime) -> dict[str, objec
     }
 
 
-def build_prefix_cache(settings: Settings, target: ModelRuntime) -> PrefixCache | None:
+def build_prefix_cache(settings: Settings, target: HostRuntime) -> PrefixCache | None:
     """The prefix cache the settings ask for; in capped exact mode only whole prefill chunks are reusable."""
     if not settings.prefix_cache:
         return None

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -91,7 +92,7 @@ class CostModel:
 
 
 def calibrate(
-    runtime: ModelRuntime,
+    runtime: ModelRuntime[Any],
     scratch_seq: int,
     sizes: tuple[int, ...] = CALIBRATION_SIZES,
     repeats: int = 3,
@@ -131,14 +132,14 @@ def calibrate(
     return StepCostTable.from_samples(samples, max_tokens=max_tokens)
 
 
-def probe_one_token(runtime: ModelRuntime, scratch_seq: int) -> float:
+def probe_one_token(runtime: ModelRuntime[Any], scratch_seq: int) -> float:
     """Seconds of a one-token decode, measured as ``calibrate`` measures it (fastest of three; the scratch
     sequence is left empty)."""
     return calibrate(runtime, scratch_seq, sizes=(1,), repeats=3)(1)
 
 
 def cached_calibration(
-    runtime: ModelRuntime, scratch_seq: int, cache_dir: Path | None, key_parts: Mapping[str, object]
+    runtime: ModelRuntime[Any], scratch_seq: int, cache_dir: Path | None, key_parts: Mapping[str, object]
 ) -> StepCostTable:
     """``calibrate`` once per (model file, threads, mode) and reuse it for a day: the CLI starts faster, and
     the online refinement corrects any drift. ``cache_dir=None`` always measures.
@@ -177,7 +178,7 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
         yield
 
 
-def _cached_or_measured(runtime: ModelRuntime, scratch_seq: int, file: Path, key: str) -> StepCostTable:
+def _cached_or_measured(runtime: ModelRuntime[Any], scratch_seq: int, file: Path, key: str) -> StepCostTable:
     try:
         data = json.loads(file.read_text())
         if time.time() - data["created"] < 86400:

@@ -13,37 +13,35 @@ import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-
-from specserve.backends.base import DecodeChunk, ModelRuntime
-from specserve.drafters.base import Drafter, DraftOption, Proposal
+from specserve.backends.base import DecodeChunk, ModelRuntime, StepLogits
+from specserve.drafters.base import Drafter, Proposal
 from specserve.engine.cost_model import CostModel
 from specserve.engine.draft_policy import DraftLengthPolicy, DraftPlan
+from specserve.engine.drafting import Drafting
+from specserve.engine.options import EngineOptions
 from specserve.engine.output_text import OutputText
 from specserve.engine.prefix_cache import PrefixCache
 from specserve.engine.scheduler import Scheduler
 from specserve.engine.stats import EngineStats
 from specserve.request import ACCEPT_STREAM, SAMPLE_STREAM, PositionalUniforms, SamplingParams
 from specserve.sequence import Sequence, SequenceStatus, SpeculationOptions
-from specserve.verify import filter_logits_to_probs, verify_greedy, verify_rejection
+from specserve.verify import Verifier, VerifyRequest, verifier_for
 
 log = logging.getLogger("specserve.engine")
 
-MAX_DRAFTER_FAILURES = 3
-
 
 @dataclass(frozen=True)
-class EngineOptions:
-    """Engine-wide speculation defaults (per-request options override them)."""
+class Emitting:
+    """A sequence that emits tokens this step: where its logits rows are and what to verify."""
 
-    drafters: tuple[str, ...] = ("ngram",)
-    """Drafters the policy may choose from when a request does not name one (``auto``)."""
-    num_draft_tokens: int = 16
-    """Upper bound on draft tokens per step."""
-    speculation_enabled: bool = True
-    """Server-wide switch: False runs every request as plain decoding."""
+    seq: Sequence
+    chunk: int
+    """Its chunk in the step's decode (its rows: ``logits[chunk]``)."""
+    request: VerifyRequest
+    plan: DraftPlan | None
+    """The draft plan of a decoding sequence; None for the first token after a prompt."""
 
 
 @dataclass
@@ -65,25 +63,28 @@ class SpeculativeEngine:
 
     def __init__(
         self,
-        target: ModelRuntime,
+        target: ModelRuntime[Any],
         drafters: Mapping[str, Drafter],
         policy: DraftLengthPolicy,
         costs: CostModel,
-        options: EngineOptions = EngineOptions(),
+        options: EngineOptions | None = None,
         prefill_budget: int = 256,
         prefix_cache: PrefixCache | None = None,
+        verifier: Verifier[Any] | None = None,
     ) -> None:
+        """``verifier``: the default is the one made for where the target leaves its logits."""
         self.target = target
+        self.verifier = verifier or verifier_for(target.info.logits_device)
         self.drafters = dict(drafters)
         self.policy = policy
         self.costs = costs
-        self.options = options
+        self.options = options or EngineOptions()
         self.prefix_cache = prefix_cache
         admit = prefix_cache.admit if prefix_cache is not None else None
         self.scheduler = Scheduler(target.info.max_sequences, prefill_budget, admit)
         self.stats = EngineStats()
+        self.drafting = Drafting(self.drafters, policy, target.info, self.stats)
         self._texts: dict[str, OutputText] = {}
-        self._failures: dict[str, int] = {}
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -153,19 +154,19 @@ class SpeculativeEngine:
     # -- the step ---------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        """Schedule → plan and draft → one target pass → one batched verification → commit → emit."""
         batch = self.scheduler.schedule()
         if batch.empty:
             return []
-        plans = self._plan(batch.decodes, [n for _, n in batch.prefills])
-        proposals = self._draft(batch.decodes, plans)
+        plans = self.drafting.plan(batch.decodes, [n for _, n in batch.prefills], self.options)
+        proposals = self.drafting.propose(batch.decodes, plans)
         logits = self._evaluate(batch.prefills, batch.decodes, proposals)
-        prefill_logits, decode_logits = logits[: len(batch.prefills)], logits[len(batch.prefills) :]
+        emitting = self._emitting(batch.prefills, batch.decodes, plans, proposals)
+        emitted = self._verify(emitting, logits)
         outputs = [
-            self._isolated(seq, self._first_token, seq, rows)
-            for (seq, _), rows in zip(batch.prefills, prefill_logits, strict=True)
+            self._isolated(e.seq, self._commit_step, e, tokens)
+            for e, tokens in zip(emitting, emitted, strict=True)
         ]
-        for seq, plan, proposal, rows in zip(batch.decodes, plans, proposals, decode_logits, strict=True):
-            outputs.append(self._isolated(seq, self._verify_and_commit, seq, plan, proposal, rows))
         return [o for o in outputs if o is not None]
 
     def _isolated(
@@ -182,77 +183,9 @@ class SpeculativeEngine:
             self._release(seq)
             return RequestOutput(seq, [], "", True)
 
-    def _plan(self, seqs: list[Sequence], prefill_rows: list[int]) -> list[DraftPlan]:
-        """Ask each allowed drafter what it could offer, then let the policy decide (0 tokens = plain)."""
-        options: list[dict[str, tuple[Drafter, DraftOption]]] = []
-        for seq in seqs:
-            allowed: dict[str, tuple[Drafter, DraftOption]] = {}
-            limit = self._draft_limit(seq)
-            for name in self._allowed_drafters(seq) if limit > 0 else ():
-                drafter = self.drafters[name]
-                allowed[name] = (drafter, drafter.available(seq, limit))
-            options.append(allowed)
-        if not any(options):
-            return [DraftPlan() for _ in seqs]
-        return self.policy.plan(seqs, options, prefill_rows)
-
-    def _allowed_drafters(self, seq: Sequence) -> tuple[str, ...]:
-        spec = seq.speculation
-        if not self.options.speculation_enabled or spec.enabled is False or spec.drafter == "none":
-            return ()
-        names = self.options.drafters if spec.drafter in (None, "auto") else (spec.drafter,)
-        return tuple(n for n in names if n in self.drafters)
-
-    def _draft_limit(self, seq: Sequence) -> int:
-        """Draft tokens allowed for seq: the configured bound, and room left in its context."""
-        bound = seq.speculation.num_draft_tokens
-        bound = self.options.num_draft_tokens if bound is None else bound
-        room = self.target.info.context_per_sequence - seq.num_tokens
-        left = seq.params.max_tokens - len(seq.output_ids) - 1  # the verify step emits one more itself
-        exact_cap = self.target.info.max_verify_tokens - 1
-        return max(0, min(bound, room, left, exact_cap))
-
-    def _draft(self, seqs: list[Sequence], plans: list[DraftPlan]) -> list[Proposal]:
-        """Run each chosen drafter once over all its sequences; a failing drafter means plain steps."""
-        proposals = [Proposal([]) for _ in seqs]
-        by_drafter: dict[str, list[int]] = {}
-        for i, plan in enumerate(plans):
-            if plan.drafter is not None and plan.num_tokens > 0:
-                by_drafter.setdefault(plan.drafter.name, []).append(i)
-        for name, idx in by_drafter.items():
-            drafter = self.drafters[name]
-            start = time.perf_counter()
-            try:
-                got = drafter.propose([seqs[i] for i in idx], [plans[i].num_tokens for i in idx])
-            except Exception as exc:  # a drafter must never fail a request
-                self._drafter_failed(name, [seqs[i] for i in idx], exc)
-                continue
-            elapsed = time.perf_counter() - start
-            for i, proposal in zip(idx, got, strict=True):
-                assert len(proposal.token_ids) <= plans[i].num_tokens, "drafter proposed too many tokens"
-                proposals[i] = proposal
-                seqs[i].draft_seconds += elapsed / len(idx)
-            self.stats.draft_seconds += elapsed
-        return proposals
-
-    def _drafter_failed(self, name: str, seqs: list[Sequence], exc: BaseException) -> None:
-        self._failures[name] = self._failures.get(name, 0) + 1
-        self.stats.drafter_failures += 1
-        log.warning("drafter %s failed (%s); %d requests continue without it", name, exc, len(seqs))
-        drafter = self.drafters[name]
-        for seq in seqs:
-            try:
-                drafter.release(seq)
-                drafter.begin(seq)
-            except Exception:  # the drafter is already broken; its state is dropped with it
-                log.debug("drafter %s could not reset its state", name, exc_info=True)
-        if self._failures[name] >= MAX_DRAFTER_FAILURES:
-            log.error("drafter %s disabled after %d failures", name, self._failures[name])
-            self.drafters.pop(name, None)
-
     def _evaluate(
         self, prefills: list[tuple[Sequence, int]], decodes: list[Sequence], proposals: list[Proposal]
-    ) -> list[npt.NDArray[np.float32]]:
+    ) -> StepLogits[Any]:
         """One target pass over prompt chunks and verify batches ([pending] + draft tokens) together."""
         chunks = []
         for seq, n in prefills:
@@ -275,61 +208,77 @@ class SpeculativeEngine:
             seq.num_computed += n
         return logits
 
+    # -- verify ------------------------------------------------------------------------------------
+
+    def _emitting(
+        self,
+        prefills: list[tuple[Sequence, int]],
+        decodes: list[Sequence],
+        plans: list[DraftPlan],
+        proposals: list[Proposal],
+    ) -> list[Emitting]:
+        """The sequences that emit tokens this step, in the order of their logits rows: those whose last
+        prompt chunk was just evaluated (their first token), then every decoding sequence."""
+        emitting = [
+            Emitting(seq, chunk, self._request(seq, [], None), None)
+            for chunk, (seq, _) in enumerate(prefills)
+            if not seq.is_prefilling
+        ]
+        for i, (seq, plan, proposal) in enumerate(zip(decodes, plans, proposals, strict=True)):
+            request = self._request(seq, proposal.token_ids, proposal.draft_probs)
+            emitting.append(Emitting(seq, len(prefills) + i, request, plan))
+        return emitting
+
+    @staticmethod
+    def _request(seq: Sequence, drafts: list[int], draft_probs: Any) -> VerifyRequest:
+        """What the verifier needs of one sequence: its drafts, its sampling and the position's uniforms."""
+        if seq.params.greedy:
+            return VerifyRequest(drafts, seq.params)
+        position, k = len(seq.output_ids), len(drafts)
+        accept = seq.uniforms.take(ACCEPT_STREAM, position, k)
+        sample = seq.uniforms.take(SAMPLE_STREAM, position, k + 1)
+        return VerifyRequest(drafts, seq.params, draft_probs, accept, sample)
+
+    def _verify(self, emitting: list[Emitting], logits: StepLogits[Any]) -> list[list[int] | Exception]:
+        """One verifier call over every emitting sequence's rows, where the runtime left them; should it
+        fail, each sequence alone, so that a failure stays with the request it comes from."""
+        if not emitting:
+            return []
+        try:
+            return list(self.verifier.verify(logits.rows, [e.request for e in emitting]))
+        except Exception:
+            log.warning("batched verification failed; verifying each sequence alone", exc_info=True)
+        emitted: list[list[int] | Exception] = []
+        for e in emitting:
+            try:
+                emitted.append(self.verifier.verify(logits[e.chunk], [e.request])[0])
+            except Exception as exc:
+                emitted.append(exc)
+        return emitted
+
     # -- commit / rollback ------------------------------------------------------------------------
 
-    def _first_token(self, seq: Sequence, rows: npt.NDArray[np.float32]) -> RequestOutput | None:
-        """After the last prompt chunk, the target's logits give the first output token."""
-        if rows.shape[0] == 0:
-            return None  # more prompt chunks to come
-        seq.prefill_done_time = time.perf_counter()
-        if self.prefix_cache is not None:
-            self.prefix_cache.prefilled(seq)
-        result = self._verify(seq, [], None, rows)
-        return self._commit(seq, result)
-
-    def _verify_and_commit(
-        self, seq: Sequence, plan: DraftPlan, proposal: Proposal, rows: npt.NDArray[np.float32]
-    ) -> RequestOutput:
-        drafts = proposal.token_ids
-        result = self._verify(seq, drafts, proposal.draft_probs, rows)
-        num_accepted = len(result) - 1
-        seq.stats.record(len(drafts), num_accepted, plan.drafter.name if plan.drafter else None)
-        self.stats.record(len(drafts), num_accepted)
+    def _commit_step(self, emitting: Emitting, emitted: list[int] | Exception) -> RequestOutput:
+        """Accepted drafts plus one target token: roll back the rejected drafts' KV, then append."""
+        if isinstance(emitted, Exception):
+            raise emitted
+        seq, plan = emitting.seq, emitting.plan
+        if plan is None:  # the first token after the prompt
+            seq.prefill_done_time = time.perf_counter()
+            if self.prefix_cache is not None:
+                self.prefix_cache.prefilled(seq)
+            return self._commit(seq, emitted)
+        num_drafts, num_accepted = len(emitting.request.draft_ids), len(emitted) - 1
+        seq.stats.record(num_drafts, num_accepted, plan.drafter.name if plan.drafter else None)
+        self.stats.record(num_drafts, num_accepted)
         if plan.drafter is not None and plan.drafter.name in self.drafters:
             plan.drafter.accept(seq, num_accepted)
-            self.policy.observe(seq, dataclasses.replace(plan, num_tokens=len(drafts)), num_accepted)
+            self.policy.observe(seq, dataclasses.replace(plan, num_tokens=num_drafts), num_accepted)
         # Rollback: the KV holds [pending] + drafts; keep the pending token and the accepted drafts.
         seq.num_computed += 1 + num_accepted
-        if num_accepted < len(drafts):
+        if num_accepted < num_drafts:
             self.target.truncate(seq.slot, seq.num_computed)
-        return self._commit(seq, result)
-
-    def _verify(
-        self,
-        seq: Sequence,
-        drafts: list[int],
-        draft_probs: npt.NDArray[np.float64] | None,
-        rows: npt.NDArray[np.float32],  # [len(drafts) + 1, vocab]
-    ) -> list[int]:
-        """Tokens this step emits: accepted drafts plus one recovered or bonus token from the target."""
-        k = len(drafts)
-        draft_ids = np.array([drafts], dtype=np.int64).reshape(1, k)
-        num_draft = np.array([k], dtype=np.int64)
-        if seq.params.greedy:
-            result = verify_greedy(draft_ids, num_draft, rows[None])
-        else:
-            p = seq.params
-            target_probs = filter_logits_to_probs(rows, p.temperature, p.top_k, p.top_p, p.min_p)
-            position = len(seq.output_ids)
-            result = verify_rejection(
-                draft_ids,
-                num_draft,
-                target_probs[None],
-                None if draft_probs is None else draft_probs[None],
-                seq.uniforms.take(ACCEPT_STREAM, position, k)[None],
-                seq.uniforms.take(SAMPLE_STREAM, position, k + 1)[None],
-            )
-        return result.tokens(0)
+        return self._commit(seq, emitted)
 
     def _commit(self, seq: Sequence, tokens: list[int]) -> RequestOutput:
         """Append tokens one by one, stopping exactly where plain decoding would stop."""

@@ -30,6 +30,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
+from typing import Any
 
 from specserve.backends.base import ModelRuntime
 from specserve.engine.host_memory import map_large_blocks
@@ -57,7 +58,7 @@ def routing_key(block_hash: bytes) -> int:
 
 
 @dataclass
-class _Holder:
+class Holder:
     """KV of a prefix: in a slot (``slot >= 0``) or in a host blob."""
 
     hashes: list[bytes]
@@ -95,7 +96,7 @@ class PrefixCache:
 
     def __init__(
         self,
-        runtime: ModelRuntime,
+        runtime: ModelRuntime[Any],
         *,
         host_bytes: int,
         grid: int | None = None,
@@ -112,7 +113,7 @@ class PrefixCache:
         self.stats = PrefixCacheStats()
         self._index: dict[bytes, set[int]] = {}
         """Block hash -> ids of the holders that hold that prefix."""
-        self._holders: dict[int, _Holder] = {}
+        self._holders: dict[int, Holder] = {}
         self._slot_holder: dict[int, int] = {}
         self._host: OrderedDict[int, None] = OrderedDict()  # host holder ids, least recently used first
         self._next_id = 0
@@ -247,7 +248,7 @@ class PrefixCache:
         return True
 
     def _register_slot(self, slot: int, hashes: list[bytes], tokens: list[int]) -> None:
-        self._slot_holder[slot] = self._add(_Holder(hashes, tokens, slot=slot))
+        self._slot_holder[slot] = self._add(Holder(hashes, tokens, slot=slot))
 
     def _forget_slot(self, slot: int) -> None:
         holder_id = self._slot_holder.pop(slot, None)
@@ -272,13 +273,13 @@ class PrefixCache:
             return
         while self._host and self.host_tier_bytes() + len(blob) > self.host_bytes:
             self._remove(next(iter(self._host)))
-        holder = _Holder(
+        holder = Holder(
             list(hashes), list(tokens), blob=blob, checksum=zlib.crc32(blob), positions=len(tokens)
         )
         self._host[self._add(holder)] = None
         self.stats.host_saves += 1
 
-    def _add(self, holder: _Holder) -> int:
+    def _add(self, holder: Holder) -> int:
         holder_id, self._next_id = self._next_id, self._next_id + 1
         self._holders[holder_id] = holder
         self._tokens["slot" if holder.slot >= 0 else "host"] += len(holder.tokens)
@@ -312,6 +313,10 @@ class PrefixCache:
 
     def slot_tier_bytes(self) -> int:
         return self.slot_tier_tokens() * self.runtime.info.kv_bytes_per_token
+
+    def host_entries(self) -> list[Holder]:
+        """The prefixes kept in host RAM (their blobs), least recently used first."""
+        return [self._holders[h] for h in self._host]
 
     # -- routing ----------------------------------------------------------------------------------
 

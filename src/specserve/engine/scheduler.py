@@ -46,6 +46,11 @@ class Scheduler:
         self.running: list[Sequence] = []
         self._free_slots = list(range(max_running - 1, -1, -1))
 
+    @property
+    def num_free_slots(self) -> int:
+        """KV slots no running sequence holds."""
+        return len(self._free_slots)
+
     def add(self, seq: Sequence) -> None:
         assert seq.status is SequenceStatus.WAITING
         self.waiting.append(seq)

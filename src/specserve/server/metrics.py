@@ -239,4 +239,3 @@ class Metrics:
 
     def _length(self) -> float:
         return self._draft_length if self._enabled() else 0.0
-

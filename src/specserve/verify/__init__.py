@@ -1,12 +1,21 @@
-"""Speculative-decoding verification: pure functions over padded arrays.
+"""Speculative-decoding verification: pure functions over padded arrays, and the verifiers built on them.
 
 Terms used throughout: *accepted tokens* are the draft tokens the target keeps (a prefix of the drafts); the
 *recovered token* is the token the target emits at the first rejected position; the *bonus token* is the extra
 token sampled from the target after the last draft position when every draft was accepted. Each verified row
 emits its accepted tokens plus exactly one recovered or bonus token.
+
+A :class:`Verifier` works where the logits are: :class:`~specserve.verify.host.HostVerifier` on numpy arrays
+(llama.cpp); a device verifier works on tensors and returns only the emitted ids. ``verifier_for`` picks one
+by the runtime's ``logits_device``, importing it only then.
 """
 
-from specserve.verify.greedy import verify_greedy
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from specserve.verify.greedy import verify_greedy, verify_greedy_choices
 from specserve.verify.rejection import verify_rejection
 from specserve.verify.sampling import (
     filter_logits_to_probs,
@@ -14,15 +23,34 @@ from specserve.verify.sampling import (
     probs_from_params,
     sample_inverse_cdf,
 )
-from specserve.verify.types import PLACEHOLDER_TOKEN_ID, VerifyResult
+from specserve.verify.types import PLACEHOLDER_TOKEN_ID, Verifier, VerifyRequest, VerifyResult
+
+VERIFIERS: dict[str, str] = {"cpu": "specserve.verify.host:HostVerifier"}
+"""``RuntimeInfo.logits_device`` → ``module:class`` of the verifier that works there."""
+
+
+def verifier_for(device: str) -> Verifier[Any]:
+    """The verifier for logits on ``device`` (``cpu``: numpy arrays on the host)."""
+    target = VERIFIERS.get(device.split(":")[0])
+    if target is None:
+        raise ValueError(f"no verifier for logits on {device!r}; known: {', '.join(VERIFIERS)}")
+    module, name = target.split(":")
+    verifier: Verifier[Any] = getattr(importlib.import_module(module), name)()
+    return verifier
+
 
 __all__ = [
     "PLACEHOLDER_TOKEN_ID",
+    "VERIFIERS",
+    "Verifier",
+    "VerifyRequest",
     "VerifyResult",
     "filter_logits_to_probs",
     "greedy_argmax",
     "probs_from_params",
     "sample_inverse_cdf",
+    "verifier_for",
     "verify_greedy",
+    "verify_greedy_choices",
     "verify_rejection",
 ]

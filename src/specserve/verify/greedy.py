@@ -31,11 +31,25 @@ def verify_greedy(
     are accepted, draft 2 is rejected, and the row emits ``[4, 7, 5]`` with ``num_accepted = 2``. With
     argmax ``[4, 7, 2, 9]`` all drafts are accepted and the bonus token 9 follows: ``[4, 7, 2, 9]``.
     """
-    is_draft = draft_positions_mask(draft_token_ids, num_draft_tokens, target_logits.shape[-1])
+    draft_positions_mask(draft_token_ids, num_draft_tokens, target_logits.shape[-1])  # checks the drafts
     batch, max_k = draft_token_ids.shape
     if target_logits.shape[:-1] != (batch, max_k + 1):
         raise ValueError(f"target_logits must be [{batch}, {max_k + 1}, vocab], got {target_logits.shape}")
     target_choice = greedy_argmax(target_logits)  # [batch, max_k + 1] int64
+    return verify_greedy_choices(draft_token_ids, num_draft_tokens, target_choice, target_logits.shape[-1])
+
+
+def verify_greedy_choices(
+    draft_token_ids: npt.NDArray[np.int64],  # [batch, max_k] int64, PLACEHOLDER_TOKEN_ID-padded
+    num_draft_tokens: npt.NDArray[np.int64],  # [batch] int64, each in [0, max_k]
+    target_choice: npt.NDArray[np.int64],  # [batch, max_k + 1] int64, the target's argmax per position
+    vocab_size: int,
+) -> VerifyResult:
+    """:func:`verify_greedy` after the argmax: for a caller that took the argmax of all its rows at once."""
+    is_draft = draft_positions_mask(draft_token_ids, num_draft_tokens, vocab_size)
+    batch, max_k = draft_token_ids.shape
+    if target_choice.shape != (batch, max_k + 1):
+        raise ValueError(f"target_choice must be [{batch}, {max_k + 1}], got {target_choice.shape}")
     matches = is_draft & (draft_token_ids == target_choice[:, :max_k])
     num_accepted = first_false(matches)  # stops at the first mismatch or at the row's draft length
 

@@ -1,4 +1,5 @@
-"""The verifiers' result type and the padded-batch conventions they share.
+"""The verifiers' types (their result, a sequence's request, the verifier interface) and the padded-batch
+conventions they share.
 
 A batch of drafts is a padded array ``draft_token_ids [batch, max_k]``: row ``b`` holds
 ``num_draft_tokens[b]`` proposed tokens followed by :data:`PLACEHOLDER_TOKEN_ID`. Verification emits, per row,
@@ -9,11 +10,16 @@ position when every draft was accepted. The output is padded the same way to ``[
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
+
+from specserve.request import SamplingParams
+
+LogitsT_contra = TypeVar("LogitsT_contra", contravariant=True)
 
 PLACEHOLDER_TOKEN_ID: Final = -1
 """Pads draft and output token arrays beyond each row's length; never a real token id."""
@@ -88,3 +94,34 @@ def first_false(
     padded = np.concatenate([flags, np.zeros((flags.shape[0], 1), dtype=np.bool_)], axis=1)
     run_lengths: npt.NDArray[np.int64] = np.argmin(padded, axis=1).astype(np.int64)
     return run_lengths
+
+
+@dataclass(frozen=True)
+class VerifyRequest:
+    """One sequence's part of a batched verification: its drafts, and how its target distribution is drawn.
+
+    Its target rows are ``len(draft_ids) + 1``: the distribution after the context, then after each draft.
+    A request without drafts is a plain step (the first token after a prompt, or a step without drafting).
+    """
+
+    draft_ids: Sequence[int]  # [k]
+    params: SamplingParams
+    """Greedy (temperature 0) takes the argmax and builds no probabilities."""
+    draft_probs: Any = None  # [k, vocab] float64 where the verifier works, or None: one-hot drafts
+    accept_uniforms: npt.NDArray[np.float64] | None = None  # [k] float64: coins against draft_probs
+    sample_uniforms: npt.NDArray[np.float64] | None = None  # [k + 1] float64: recovered or bonus token
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.draft_ids) + 1
+
+
+class Verifier(Protocol[LogitsT_contra]):
+    """Turns a step's target logits into the tokens each sequence emits, where the logits are.
+
+    ``target_logits`` holds the requests' rows back to back (``[sum of num_rows, vocab]``), as
+    ``StepLogits.rows`` of the decode that scored them. Returns per request its accepted drafts followed by
+    one recovered or bonus token, as host integers: the only thing that crosses back from a device.
+    """
+
+    def verify(self, target_logits: LogitsT_contra, requests: Sequence[VerifyRequest]) -> list[list[int]]: ...

@@ -28,11 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from specserve.backends.base import DecodeChunk, ModelRuntime
+from specserve.backends.base import DecodeChunk, HostRuntime
 from specserve.engine.builder import flat_costs
 from specserve.engine.cost_model import CostModel
 from specserve.engine.draft_policy import FixedLengthPolicy
-from specserve.engine.engine import EngineOptions, SpeculativeEngine
+from specserve.engine.engine import SpeculativeEngine
+from specserve.engine.options import EngineOptions
 from specserve.request import SamplingParams
 from specserve.tools.measure.fresh_process import run_json_module
 
@@ -53,7 +54,7 @@ def run_llama_bench(binary: Path, model: str, threads: int, n_prompt: int, n_gen
     return out
 
 
-def runtime_tests(runtime: ModelRuntime, n_prompt: int, n_gen: int, seed: int) -> dict[str, float]:
+def runtime_tests(runtime: HostRuntime, n_prompt: int, n_gen: int, seed: int) -> dict[str, float]:
     """llama-bench's pp and tg on a runtime: random tokens, sequence 0 emptied before each test."""
     rng = np.random.default_rng(seed)
     tokens = [int(t) for t in rng.integers(0, min(runtime.info.vocab_size, 50_000), n_prompt + n_gen)]
@@ -70,7 +71,7 @@ def runtime_tests(runtime: ModelRuntime, n_prompt: int, n_gen: int, seed: int) -
     return {"pp": pp, "tg": tg}
 
 
-def engine_tg(runtime: ModelRuntime, n_gen: int) -> float:
+def engine_tg(runtime: HostRuntime, n_gen: int) -> float:
     """Tokens/s of plain greedy generation through the engine, after the first token (one-token prompt)."""
     costs = CostModel(flat_costs())  # plain decoding consults no costs
     options = EngineOptions((), 0, speculation_enabled=False)

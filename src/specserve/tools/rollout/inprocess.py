@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from specserve.backends.base import DecodeChunk, ModelRuntime
+from specserve.backends.base import DecodeChunk, HostRuntime
 from specserve.chat import chat_prompt_ids
 from specserve.config import Settings
 from specserve.engine.builder import LoadedModels, open_runtime
@@ -44,7 +44,7 @@ def generate(
     return seq  # not engine.close(): that would close the shared runtimes
 
 
-def open_reference(settings: Settings, path: str) -> ModelRuntime:
+def open_reference(settings: Settings, path: str) -> HostRuntime:
     """Another target for the plain arm of ``verify`` (e.g. a requantized model)."""
     from specserve.models import ModelStore
 
@@ -53,7 +53,7 @@ def open_reference(settings: Settings, path: str) -> ModelRuntime:
 
 
 def _decode_all(
-    runtime: ModelRuntime, tokens: list[int], start: int, first_logit: int
+    runtime: HostRuntime, tokens: list[int], start: int, first_logit: int
 ) -> npt.NDArray[np.float64]:
     """Append ``tokens`` at ``start`` on slot 0; logits of positions ``>= first_logit`` (absolute)."""
     rows = []
@@ -67,7 +67,7 @@ def _decode_all(
     return np.concatenate(rows) if rows else np.zeros((0, runtime.info.vocab_size))
 
 
-def next_token_logits(runtime: ModelRuntime, prefix: list[int]) -> npt.NDArray[np.float64]:
+def next_token_logits(runtime: HostRuntime, prefix: list[int]) -> npt.NDArray[np.float64]:
     """The target's logits for the token after ``prefix`` (a fresh prefill on slot 0)."""
     runtime.free(0)
     try:
@@ -78,7 +78,7 @@ def next_token_logits(runtime: ModelRuntime, prefix: list[int]) -> npt.NDArray[n
 
 
 def output_logprobs(
-    runtime: ModelRuntime, ids: list[int], outputs: list[list[int]]
+    runtime: HostRuntime, ids: list[int], outputs: list[list[int]]
 ) -> list[npt.NDArray[np.float64]]:
     """Per output, ``log p(output[j] | prompt + output[:j])`` under the raw (temperature 1) target.
 

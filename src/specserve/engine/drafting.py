@@ -1,0 +1,104 @@
+"""The drafting half of an engine step: what each allowed drafter could offer, the draft policy's plans, one
+batched proposal per chosen drafter.
+
+A drafter never fails a request: one that raises leaves its sequences with plain steps (their drafter state
+reset), and one that keeps failing (``MAX_DRAFTER_FAILURES``) is taken out of the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from specserve.backends.base import RuntimeInfo
+from specserve.drafters.base import Drafter, DraftOption, Proposal
+from specserve.engine.draft_policy import DraftLengthPolicy, DraftPlan
+from specserve.engine.options import EngineOptions
+from specserve.engine.stats import EngineStats
+from specserve.sequence import Sequence
+
+log = logging.getLogger("specserve.engine")
+
+MAX_DRAFTER_FAILURES = 3
+
+
+class Drafting:
+    """Plans and proposals for the decoding sequences of a step."""
+
+    def __init__(
+        self, drafters: dict[str, Drafter], policy: DraftLengthPolicy, info: RuntimeInfo, stats: EngineStats
+    ) -> None:
+        self.drafters = drafters
+        """The engine's own dict: a drafter disabled here is gone for the engine too."""
+        self.policy = policy
+        self.info = info
+        self.stats = stats
+        self._failures: dict[str, int] = {}
+
+    def plan(self, seqs: list[Sequence], prefill_rows: list[int], options: EngineOptions) -> list[DraftPlan]:
+        """Ask each allowed drafter what it could offer, then let the policy decide (0 tokens = plain)."""
+        offers: list[dict[str, tuple[Drafter, DraftOption]]] = []
+        for seq in seqs:
+            allowed: dict[str, tuple[Drafter, DraftOption]] = {}
+            limit = self._draft_limit(seq, options)
+            for name in self._allowed_drafters(seq, options) if limit > 0 else ():
+                drafter = self.drafters[name]
+                allowed[name] = (drafter, drafter.available(seq, limit))
+            offers.append(allowed)
+        if not any(offers):
+            return [DraftPlan() for _ in seqs]
+        return self.policy.plan(seqs, offers, prefill_rows)
+
+    def _allowed_drafters(self, seq: Sequence, options: EngineOptions) -> tuple[str, ...]:
+        spec = seq.speculation
+        if not options.speculation_enabled or spec.enabled is False or spec.drafter == "none":
+            return ()
+        names = options.drafters if spec.drafter in (None, "auto") else (spec.drafter,)
+        return tuple(n for n in names if n in self.drafters)
+
+    def _draft_limit(self, seq: Sequence, options: EngineOptions) -> int:
+        """Draft tokens allowed for seq: the configured bound, and room left in its context."""
+        bound = seq.speculation.num_draft_tokens
+        bound = options.num_draft_tokens if bound is None else bound
+        room = self.info.context_per_sequence - seq.num_tokens
+        left = seq.params.max_tokens - len(seq.output_ids) - 1  # the verify step emits one more itself
+        exact_cap = self.info.max_verify_tokens - 1
+        return max(0, min(bound, room, left, exact_cap))
+
+    def propose(self, seqs: list[Sequence], plans: list[DraftPlan]) -> list[Proposal]:
+        """Run each chosen drafter once over all its sequences; a failing drafter means plain steps."""
+        proposals = [Proposal([]) for _ in seqs]
+        by_drafter: dict[str, list[int]] = {}
+        for i, plan in enumerate(plans):
+            if plan.drafter is not None and plan.num_tokens > 0:
+                by_drafter.setdefault(plan.drafter.name, []).append(i)
+        for name, idx in by_drafter.items():
+            drafter = self.drafters[name]
+            start = time.perf_counter()
+            try:
+                got = drafter.propose([seqs[i] for i in idx], [plans[i].num_tokens for i in idx])
+            except Exception as exc:  # a drafter must never fail a request
+                self._drafter_failed(name, [seqs[i] for i in idx], exc)
+                continue
+            elapsed = time.perf_counter() - start
+            for i, proposal in zip(idx, got, strict=True):
+                assert len(proposal.token_ids) <= plans[i].num_tokens, "drafter proposed too many tokens"
+                proposals[i] = proposal
+                seqs[i].draft_seconds += elapsed / len(idx)
+            self.stats.draft_seconds += elapsed
+        return proposals
+
+    def _drafter_failed(self, name: str, seqs: list[Sequence], exc: BaseException) -> None:
+        self._failures[name] = self._failures.get(name, 0) + 1
+        self.stats.drafter_failures += 1
+        log.warning("drafter %s failed (%s); %d requests continue without it", name, exc, len(seqs))
+        drafter = self.drafters[name]
+        for seq in seqs:
+            try:
+                drafter.release(seq)
+                drafter.begin(seq)
+            except Exception:  # the drafter is already broken; its state is dropped with it
+                log.debug("drafter %s could not reset its state", name, exc_info=True)
+        if self._failures[name] >= MAX_DRAFTER_FAILURES:
+            log.error("drafter %s disabled after %d failures", name, self._failures[name])
+            self.drafters.pop(name, None)

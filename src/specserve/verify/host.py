@@ -1,0 +1,88 @@
+"""The verifier for logits on the host (numpy): one batched argmax for greedy sequences, per-sequence
+filtering and rejection sampling for sampled ones.
+
+Greedy sequences — the common case — share one pass: the argmax of every row of the step at once, then
+the longest agreeing prefix of each sequence (:func:`~specserve.verify.greedy.verify_greedy_choices` over
+the padded choices, integers only: no logits are copied and no softmax is computed). A sampled sequence
+has its own temperature, top-k, top-p and min-p, so its rows are filtered on their own and verified by
+:func:`~specserve.verify.rejection.verify_rejection`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from specserve.verify.greedy import verify_greedy_choices
+from specserve.verify.rejection import verify_rejection
+from specserve.verify.sampling import filter_logits_to_probs, greedy_argmax
+from specserve.verify.types import PLACEHOLDER_TOKEN_ID, VerifyRequest
+
+
+class HostVerifier:
+    """:class:`~specserve.verify.types.Verifier` over numpy logits ``[rows, vocab]`` float32."""
+
+    def verify(
+        self,
+        target_logits: npt.NDArray[np.float32],  # [sum of num_rows, vocab] float32, requests back to back
+        requests: Sequence[VerifyRequest],
+    ) -> list[list[int]]:
+        starts = np.cumsum([0, *(r.num_rows for r in requests)])
+        if target_logits.shape[0] != starts[-1]:
+            raise ValueError(f"target_logits has {target_logits.shape[0]} rows, the requests {starts[-1]}")
+        emitted: list[list[int]] = [[] for _ in requests]
+        greedy = [b for b, r in enumerate(requests) if r.params.greedy]
+        if greedy:
+            for b, tokens in zip(greedy, self._greedy(target_logits, requests, starts, greedy), strict=True):
+                emitted[b] = tokens
+        for b, request in enumerate(requests):
+            if not request.params.greedy:
+                emitted[b] = _sampled(target_logits[starts[b] : starts[b + 1]], request)
+        return emitted
+
+    @staticmethod
+    def _greedy(
+        target_logits: npt.NDArray[np.float32],  # [rows, vocab] float32
+        requests: Sequence[VerifyRequest],
+        starts: npt.NDArray[np.int64],  # [len(requests) + 1] int64, where each request's rows begin
+        greedy: list[int],  # indices of the greedy requests
+    ) -> list[list[int]]:
+        """Emitted tokens of the greedy requests: one argmax over all rows when every request is greedy."""
+        all_choices = greedy_argmax(target_logits) if len(greedy) == len(requests) else None  # [rows]
+        max_k = max(len(requests[b].draft_ids) for b in greedy)
+        draft_ids = np.full((len(greedy), max_k), PLACEHOLDER_TOKEN_ID, dtype=np.int64)
+        choices = np.full((len(greedy), max_k + 1), PLACEHOLDER_TOKEN_ID, dtype=np.int64)
+        for i, b in enumerate(greedy):
+            k = len(requests[b].draft_ids)
+            draft_ids[i, :k] = requests[b].draft_ids
+            lo, hi = starts[b], starts[b + 1]
+            choices[i, : k + 1] = (
+                all_choices[lo:hi] if all_choices is not None else greedy_argmax(target_logits[lo:hi])
+            )
+        num_draft = np.array([len(requests[b].draft_ids) for b in greedy], dtype=np.int64)
+        result = verify_greedy_choices(draft_ids, num_draft, choices, target_logits.shape[-1])
+        return [result.tokens(i) for i in range(len(greedy))]
+
+
+def _sampled(
+    rows: npt.NDArray[np.float32],  # [k + 1, vocab] float32
+    request: VerifyRequest,
+) -> list[int]:
+    """One sampled request: its filtered distributions, then lossless rejection sampling of its drafts."""
+    k = len(request.draft_ids)
+    if request.sample_uniforms is None:
+        raise ValueError("a sampled request needs its sample uniforms")
+    p = request.params
+    target_probs = filter_logits_to_probs(rows, p.temperature, p.top_k, p.top_p, p.min_p)
+    draft_probs = request.draft_probs
+    result = verify_rejection(
+        np.array([request.draft_ids], dtype=np.int64).reshape(1, k),
+        np.array([k], dtype=np.int64),
+        target_probs[None],
+        None if draft_probs is None else draft_probs[None],
+        None if request.accept_uniforms is None else request.accept_uniforms[None],
+        request.sample_uniforms[None],
+    )
+    return result.tokens(0)
