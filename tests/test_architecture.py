@@ -8,6 +8,7 @@ of lower layers; two rooms of one layer never import each other.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("engine",),  # the step, the scheduler, the draft policy, the prefix cache, the builder
     ("server",),  # the OpenAI HTTP API over one engine
     ("rayserve", "tools"),  # many replicas behind one endpoint; benchmarks and rollout checks
-    ("cli", "__main__"),  # the command line
+    ("cli",),  # the command line
 )
 RANK = {room: rank for rank, rooms in enumerate(LAYERS) for room in rooms}
 
@@ -72,6 +73,15 @@ def _resolves(module: str) -> bool:
 
 def _graph() -> dict[str, set[str]]:
     return {_module_name(path): _imports(path) for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_the_architecture_page_states_this_rule() -> None:
+    """docs/ARCHITECTURE.md's table names the same rooms in the same layers as LAYERS."""
+    page = (PACKAGE.parents[1] / "docs" / "ARCHITECTURE.md").read_text()
+    documented: dict[int, set[str]] = {}
+    for layer, rooms in re.findall(r"^\| (\d+) \| ((?:`\w+`(?:, )?)+) \|", page, re.M):
+        documented.setdefault(int(layer), set()).update(re.findall(r"`(\w+)`", rooms))
+    assert documented == {rank: set(rooms) for rank, rooms in enumerate(LAYERS)}
 
 
 def test_every_room_has_a_layer() -> None:

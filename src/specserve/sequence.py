@@ -115,7 +115,6 @@ class Sequence:
     scheduled_time: float | None = None
     """When the sequence got a KV slot (queue time = scheduled_time - arrival_time)."""
     first_token_time: float | None = None
-    prefill_done_time: float | None = None
     finish_time: float | None = None
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0

@@ -99,14 +99,6 @@ def test_observe_ignores_sizes_outside_the_table(n_tokens: int) -> None:
     assert table.observations == 0
 
 
-def test_relative_is_in_units_of_one_token_steps() -> None:
-    table = StepCostTable.from_samples({1: 2.0, 64: 128.0})
-    assert table.relative(1) == pytest.approx(1.0)
-    assert table.relative(4) == pytest.approx(4.0)
-    gpu = StepCostTable.from_samples({1: 2.0, 16: 2.2, 64: 8.0})
-    assert gpu.relative(16) == pytest.approx(1.1)
-
-
 def test_cost_model_as_dict_in_milliseconds() -> None:
     costs = CostModel(StepCostTable.from_samples({1: 0.001, 64: 0.064}))
     shown = costs.as_dict()

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,10 +68,6 @@ class StepCostTable:
         self.seconds[n_tokens] = (1 - self.ema) * current + self.ema * seconds
         self.observations += 1
 
-    def relative(self, n_tokens: int) -> float:
-        """Cost of ``n_tokens`` in units of a one-token step."""
-        return self(n_tokens) / self(1)
-
 
 @dataclass
 class CostModel:
@@ -79,8 +75,6 @@ class CostModel:
 
     target: StepCostTable
     draft: StepCostTable | None = None
-    calibration_seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, object]:
         def table(t: StepCostTable | None) -> dict[int, float] | None:

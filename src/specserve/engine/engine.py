@@ -264,7 +264,6 @@ class SpeculativeEngine:
             raise emitted
         seq, plan = emitting.seq, emitting.plan
         if plan is None:  # the first token after the prompt
-            seq.prefill_done_time = time.perf_counter()
             if self.prefix_cache is not None:
                 self.prefix_cache.prefilled(seq)
             return self._commit(seq, emitted)
