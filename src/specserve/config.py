@@ -14,7 +14,7 @@ import functools
 import os
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -32,10 +32,17 @@ SettingGroup = Literal["models", "speculation", "batching", "server", "scale-out
 """What a setting is about; a command takes the flags of the groups it uses (``add_arguments``)."""
 
 
-def _setting(
-    default: Any, help: str, flag: str | None = None, secret: bool = False, *, group: SettingGroup
-) -> Any:
-    return field(default=default, metadata={"help": help, "flag": flag, "secret": secret, "group": group})
+def _setting(group: SettingGroup) -> Callable[..., Any]:
+    """The field maker of one group's settings: ``(default, help, flag=None, secret=False)``."""
+
+    def setting(default: Any, help: str, flag: str | None = None, secret: bool = False) -> Any:
+        return field(default=default, metadata={"help": help, "flag": flag, "secret": secret, "group": group})
+
+    return setting
+
+
+_model, _speculation, _batching = _setting("models"), _setting("speculation"), _setting("batching")
+_server, _scale_out, _operations = _setting("server"), _setting("scale-out"), _setting("operations")
 
 
 class SettingsError(UserError, ValueError):
@@ -45,156 +52,103 @@ class SettingsError(UserError, ValueError):
 @dataclass(frozen=True)
 class Settings:
     # -- models
-    target: str = _setting(
-        "qwen2.5-coder-1.5b-instruct", "Target model: a catalog name or a GGUF path.", group="models"
+    target: str = _model("qwen2.5-coder-1.5b-instruct", "Target model: a catalog name or a GGUF path.")
+    draft: str | None = _model(
+        "qwen2.5-coder-0.5b-instruct", "Draft model: a catalog name, a GGUF path, or 'none'."
     )
-    draft: str | None = _setting(
-        "qwen2.5-coder-0.5b-instruct",
-        "Draft model: a catalog name, a GGUF path, or 'none'.",
-        group="models",
-    )
-    model_dir: str | None = _setting(
-        None, "Model cache directory (default ~/.cache/specserve/models).", group="models"
-    )
-    context_size: int = _setting(
-        4096, "Context length per sequence, in tokens.", "--ctx-size", group="models"
-    )
-    threads: int | None = _setting(None, "CPU threads for llama.cpp (default: all cores).", group="models")
-    gpu_layers: int = _setting(
-        0, "Layers to offload to a GPU (needs a GPU build of llama-cpp-python).", group="models"
-    )
-    exact: bool = _setting(
+    model_dir: str | None = _model(None, "Model cache directory (default ~/.cache/specserve/models).")
+    context_size: int = _model(4096, "Context length per sequence, in tokens.", "--ctx-size")
+    threads: int | None = _model(None, "CPU threads for llama.cpp (default: all cores).")
+    gpu_layers: int = _model(0, "Layers to offload to a GPU (needs a GPU build of llama-cpp-python).")
+    exact: bool = _model(
         True,
         "Exact mode: batch-invariant kernels (patched llama.cpp, proved at load), so greedy speculative "
         "output equals plain greedy output token for token. Without the patch: no flash attention, "
         "no weight repacking and verify calls of at most 7 rows (docs/EXACTNESS.md).",
-        group="models",
     )
-    calibration_cache: bool = _setting(
-        True,
-        "Reuse a cost calibration measured in the last 24 h for the same model file, threads and mode.",
-        group="models",
+    calibration_cache: bool = _model(
+        True, "Reuse a cost calibration measured in the last 24 h for the same model file, threads and mode."
     )
     # -- speculation
-    drafter: DrafterChoice = _setting(
-        "auto",
-        "Drafter: auto (cost-aware choice among loaded drafters), none, ngram, draft-model.",
-        group="speculation",
+    drafter: DrafterChoice = _speculation(
+        "auto", "Drafter: auto (cost-aware choice among loaded drafters), none, ngram, draft-model."
     )
-    num_draft_tokens: int = _setting(16, "Maximum draft tokens per step.", group="speculation")
-    draft_policy: PolicyChoice = _setting(
-        "cost",
-        "Draft length policy: cost (measured cost model, may draft 0) or fixed (always the maximum).",
-        group="speculation",
+    num_draft_tokens: int = _speculation(16, "Maximum draft tokens per step.")
+    draft_policy: PolicyChoice = _speculation(
+        "cost", "Draft length policy: cost (measured cost model, may draft 0) or fixed (always the maximum)."
     )
-    ngram_min_n: int = _setting(2, "Shortest suffix the n-gram drafter looks up.", group="speculation")
-    draft_p_min: float = _setting(
-        0.6, "The draft model stops drafting when its top probability is lower.", group="speculation"
+    ngram_min_n: int = _speculation(2, "Shortest suffix the n-gram drafter looks up.")
+    draft_p_min: float = _speculation(
+        0.6, "The draft model stops drafting when its top probability is lower."
     )
-    load_draft: Literal["auto", "always", "never"] = _setting(
+    load_draft: Literal["auto", "always", "never"] = _speculation(
         "auto",
         "Load the draft model: always (fail without it), never, or auto (only when the cost model says "
         "it could pay, or when --drafter draft-model asks for it).",
-        group="speculation",
     )
     # -- batching
-    max_running: int = _setting(4, "Maximum sequences decoded together.", "--max-running", group="batching")
-    prefill_chunk: int = _setting(
-        256, "Prompt tokens evaluated per engine step (chunked prefill).", group="batching"
-    )
-    prefix_cache: bool = _setting(
+    max_running: int = _batching(4, "Maximum sequences decoded together.", "--max-running")
+    prefill_chunk: int = _batching(256, "Prompt tokens evaluated per engine step (chunked prefill).")
+    prefix_cache: bool = _batching(
         True,
         "Automatic prefix caching: a request reuses the KV of the longest prompt prefix an earlier request "
         "computed (same cache salt), kept in its slot, copied from another, or loaded from host RAM.",
-        group="batching",
     )
-    prefix_cache_ram: int = _setting(
-        1024,
-        "Host-RAM tier of the prefix cache, MiB (KV of slots about to be overwritten; 0 = off).",
-        group="batching",
+    prefix_cache_ram: int = _batching(
+        1024, "Host-RAM tier of the prefix cache, MiB (KV of slots about to be overwritten; 0 = off)."
     )
 
     # -- server
-    host: str = _setting("127.0.0.1", "Address the HTTP server binds to.", group="server")
-    port: int = _setting(8000, "TCP port of the HTTP server.", group="server")
-    served_model_name: str | None = _setting(
-        None,
-        "Model id reported by /v1/models and accepted in requests (default: the target's name).",
-        group="server",
+    host: str = _server("127.0.0.1", "Address the HTTP server binds to.")
+    port: int = _server(8000, "TCP port of the HTTP server.")
+    served_model_name: str | None = _server(
+        None, "Model id reported by /v1/models and accepted in requests (default: the target's name)."
     )
-    max_waiting: int = _setting(
-        64, "Requests allowed to wait for a free sequence slot; more get 429.", group="server"
+    max_waiting: int = _server(64, "Requests allowed to wait for a free sequence slot; more get 429.")
+    request_timeout: float = _server(600.0, "Seconds a request may take before it is aborted (0 = none).")
+    max_request_bytes: int = _server(1_000_000, "Largest accepted request body, in bytes.")
+    stream_keepalive: float = _server(
+        5.0, "Seconds between SSE keep-alive comments while a stream waits for a slot and its first token."
     )
-    request_timeout: float = _setting(
-        600.0, "Seconds a request may take before it is aborted (0 = none).", group="server"
-    )
-    max_request_bytes: int = _setting(1_000_000, "Largest accepted request body, in bytes.", group="server")
-    stream_keepalive: float = _setting(
-        5.0,
-        "Seconds between SSE keep-alive comments while a stream waits for a slot and its first token.",
-        group="server",
-    )
-    client_timeout: float = _setting(
+    client_timeout: float = _server(
         10.0,
         "Seconds a client has to send a request's headers, and then its body; a streaming client that reads "
         "nothing for 3 times this is cut off and its request cancelled.",
-        group="server",
     )
-    max_connections: int = _setting(
-        256,
-        "Open HTTP connections allowed; more are closed at once (put a proxy in front for more).",
-        group="server",
+    max_connections: int = _server(
+        256, "Open HTTP connections allowed; more are closed at once (put a proxy in front for more)."
     )
-    shutdown_grace_seconds: float = _setting(
-        30.0,
-        "On SIGTERM, seconds in-flight requests may take to finish before the server exits.",
-        group="server",
+    shutdown_grace_seconds: float = _server(
+        30.0, "On SIGTERM, seconds in-flight requests may take to finish before the server exits."
     )
     # -- scale-out (Ray Serve; needs the extra: pip install 'specserve[ray]')
-    replicas: int = _setting(
+    replicas: int = _scale_out(
         0,
         "Engine replicas behind one endpoint on Ray Serve (0 = the single-process server). Each replica runs "
         "its own engine with --threads threads (default 1 here) and reserves that many Ray CPUs.",
-        group="scale-out",
     )
-    ray_address: str | None = _setting(
-        None,
-        "Ray cluster to join with --replicas (e.g. ray://head:10001 or auto; default: start one here).",
-        group="scale-out",
+    ray_address: str | None = _scale_out(
+        None, "Ray cluster to join with --replicas (e.g. ray://head:10001 or auto; default: start one here)."
     )
     # -- operations
-    log_format: Literal["json", "text"] = _setting(
-        "json", "Server log lines: json objects or text.", group="operations"
+    log_format: Literal["json", "text"] = _operations("json", "Server log lines: json objects or text.")
+    log_level: Literal["debug", "info", "warning", "error"] = _operations(
+        "info", "Server log level (info logs one summary line per request)."
     )
-    log_level: Literal["debug", "info", "warning", "error"] = _setting(
-        "info",
-        "Server log level (info logs one summary line per request).",
-        group="operations",
+    log_prompts: bool = _operations(False, "Log prompt and output text in request lines (off: never logged).")
+    api_keys: str | None = _operations(
+        None, "Comma-separated API keys for /v1/* (environment only: SPECSERVE_API_KEYS).", secret=True
     )
-    log_prompts: bool = _setting(
-        False, "Log prompt and output text in request lines (off: never logged).", group="operations"
-    )
-    api_keys: str | None = _setting(
-        None,
-        "Comma-separated API keys for /v1/* (environment only: SPECSERVE_API_KEYS).",
-        secret=True,
-        group="operations",
-    )
-    api_key_file: str | None = _setting(
-        None, "File of API keys, one per line ('#' starts a comment).", group="operations"
-    )
-    admin_key: str | None = _setting(
+    api_key_file: str | None = _operations(None, "File of API keys, one per line ('#' starts a comment).")
+    admin_key: str | None = _operations(
         None,
         "Key for /admin/* endpoints (environment only: SPECSERVE_ADMIN_KEY; unset = disabled).",
         secret=True,
-        group="operations",
     )
-    rate_limit_per_minute: int = _setting(
-        0, "Requests per minute per API key, token bucket (0 = no limit).", group="operations"
+    rate_limit_per_minute: int = _operations(
+        0, "Requests per minute per API key, token bucket (0 = no limit)."
     )
-    metrics_require_key: bool = _setting(
-        False, "Require an API key for GET /metrics (default: public).", group="operations"
-    )
+    metrics_require_key: bool = _operations(False, "Require an API key for GET /metrics (default: public).")
 
     def validate(self) -> Settings:
         def positive(name: str) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Sequence as Seq
 
 import pytest
 
+from specserve.backends.base import one_call
 from specserve.drafters.base import Drafter, DraftOption, Proposal
 from specserve.drafters.ngram import NgramDrafter
 from specserve.engine.cost_model import CostModel, StepCostTable
@@ -255,3 +256,22 @@ def test_fixed_policy_learns_nothing() -> None:
     policy.observe(seq, DraftPlan(NgramDrafter(), 4, "x"), 0)
     (plan,) = policy.plan([seq], [ngram_option(7, "x")])
     assert plan.num_tokens == 7
+
+
+def test_the_policy_prices_the_runtimes_own_packing() -> None:
+    """The runtime answers how a step's chunks become calls; the policy only sums the calls' costs."""
+    asked: list[list[int]] = []
+
+    def packing(chunk_rows: Seq[int]) -> list[int]:
+        asked.append(list(chunk_rows))
+        return one_call(chunk_rows)
+
+    flat = StepCostTable.from_samples({1: STEP, 64: STEP})  # a call costs the same whatever its rows
+    policy = CostAwarePolicy(CostModel(flat), call_rows=packing)
+    (plan,) = policy.plan([make_seq()], [ngram_option(4, "match>16")], [3])
+    assert plan.drafter is not None  # in the prompt chunk's call, drafts are free: drafting pays
+    assert asked.count([3]) == 1, "the prompt chunk alone is priced once per plan"
+    assert all(rows[0] == 3 for rows in asked), "prompt chunks come first, as the engine orders them"
+    # The same costs, but a runtime that runs every row in a call of its own: drafts cost full steps.
+    one_row_calls = CostAwarePolicy(CostModel(flat), call_rows=lambda rows: [1] * sum(rows))
+    assert one_row_calls.plan([make_seq()], [ngram_option(4, "match>16")], [3]) == [DraftPlan()]

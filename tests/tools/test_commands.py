@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import importlib.util
 from importlib.machinery import ModuleSpec
+from pathlib import Path
 
 import pytest
 
 from cli_runner import run_cli
 from specserve.tools import commands
-from tools.helpers import one_error_line
+from support.tiny_models import TinyModels
+from tools.helpers import model_args, one_error_line
 
 
 @pytest.mark.parametrize("command", [["bench", "--url", "http://127.0.0.1:9"], ["verify", "--in-process"]])
@@ -31,9 +33,35 @@ def test_a_tool_without_its_extra_names_the_extra(
 def test_the_extra_lists_what_the_tools_import() -> None:
     """pyproject's ``tools`` extra and the check agree (a tool dependency added to one only fails here)."""
     import tomllib
-    from pathlib import Path
 
     pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
     extra = pyproject["project"]["optional-dependencies"]["tools"]
     names = {spec.split(">")[0].split("=")[0].split("[")[0] for spec in extra}
     assert names == set(commands.TOOL_DEPENDENCIES)
+
+
+@pytest.mark.parametrize(
+    ("command", "says"),
+    [
+        (["evaluate", "--max-tokens", "0"], "max_tokens must be >= 1"),
+        (["evaluate", "--temperature", "-1"], "temperature must be"),
+        (["bench", "--in-process", "--max-tokens", "0"], "max_tokens must be >= 1"),
+        (["verify", "--in-process", "--top-k", "-1"], "top_k must be >= 0"),
+    ],
+)
+def test_a_bad_sampling_flag_is_one_line_before_any_model_loads(
+    command: list[str], says: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run_cli(capfd, *command, "--target", "/nonexistent/model.gguf")
+    assert code == 2
+    assert says in one_error_line(err)  # the bad target was never opened: the flag was checked first
+
+
+def test_verify_refuses_to_pass_without_the_draft_arm_it_was_asked_for(
+    tiny_models: TinyModels, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    args = model_args(tiny_models, draft=tmp_path / "missing.gguf")
+    code, _, err = run_cli(capfd, "verify", "--in-process", *args, "--output-dir", str(tmp_path / "out"))
+    assert code == 2
+    assert "the draft model's arm cannot run" in one_error_line(err)
+    assert not (tmp_path / "out" / "report.json").exists()

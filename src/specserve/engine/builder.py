@@ -134,6 +134,7 @@ def load_models(settings: Settings, calibrate_costs: bool = True, keep_draft: bo
     target_path = store.resolve(settings.target)
     report.target_path = str(target_path)
     target = open_runtime(str(target_path), settings, settings.max_running)
+    draft = None
     try:
         if settings.exact and target.info.exactness == "capped":
             info = target.info
@@ -147,14 +148,15 @@ def load_models(settings: Settings, calibrate_costs: bool = True, keep_draft: bo
             return cached_calibration(runtime, 0, calib_dir, key) if calibrate_costs else flat_costs()
 
         costs = CostModel(measure(target))
-        draft = None
         if _wants_draft(settings, keep_draft):
             max_k = min(settings.num_draft_tokens, target.info.max_verify_tokens - 1)
             draft = _load_draft(settings, store, target_path, costs, report, measure, keep_draft, max_k)
+        drafters = build_drafters(settings, draft)
     except BaseException:
-        target.close()
+        for runtime in (draft, target):
+            if runtime is not None:
+                runtime.close()
         raise
-    drafters = build_drafters(settings, draft)
     report.drafters = list(drafters)
     report.seconds = time.perf_counter() - started
     return LoadedModels(settings, target, draft, costs, drafters, report)
@@ -233,7 +235,11 @@ def _load_draft(
         draft_path = store.resolve(settings.draft_path_or_none)
         check_draft_compatible(read_vocab(target_path), read_vocab(draft_path))
         draft = open_runtime(str(draft_path), settings, settings.max_running, self_check=False)
-        costs.draft = measure(draft)
+        try:
+            costs.draft = measure(draft)
+        except BaseException:
+            draft.close()
+            raise
         report.draft_path = str(draft_path)
     except Exception as exc:
         if _requires_draft(settings):

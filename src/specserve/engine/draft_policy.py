@@ -165,7 +165,8 @@ class CostAwarePolicy(DraftLengthPolicy):
         prefill_rows: Seq[int] = (),
     ) -> list[DraftPlan]:
         plans = [DraftPlan() for _ in seqs]
-        best = self._rate(plans, prefill_rows)
+        prefill_seconds = self._call_seconds(prefill_rows)
+        best = self._rate(plans, prefill_rows, prefill_seconds)
         # Coordinate ascent: improve one sequence's plan at a time while the batch rate improves.
         for _ in range(3):
             improved = False
@@ -178,7 +179,7 @@ class CostAwarePolicy(DraftLengthPolicy):
                             DraftPlan(drafter, k, option.bucket, alpha, option.setup_tokens),
                             *plans[s + 1 :],
                         ]
-                        rate = self._rate(trial, prefill_rows)
+                        rate = self._rate(trial, prefill_rows, prefill_seconds)
                         # Leaving plain decoding needs a clear win: estimates are noisy.
                         needed = best * (1 + self.margin) if plans[s].drafter is None else best
                         if rate > needed:
@@ -187,7 +188,7 @@ class CostAwarePolicy(DraftLengthPolicy):
                 break
         return plans
 
-    def _rate(self, plans: list[DraftPlan], prefill_rows: Seq[int]) -> float:
+    def _rate(self, plans: list[DraftPlan], prefill_rows: Seq[int], prefill_seconds: float) -> float:
         """Expected tokens per second of the decoding part of one batch step under ``plans``.
 
         Prompt tokens sharing the pass are paid for whatever the plans are, so only the time they add on top
@@ -207,15 +208,15 @@ class CostAwarePolicy(DraftLengthPolicy):
                 catch_up += plan.setup_tokens
                 for r in range(1, plan.num_tokens):
                     draft_rounds[r] = draft_rounds.get(r, 0) + 1
-        seconds = self._verify_seconds(verify_rows, prefill_rows)
+        seconds = max(
+            self._call_seconds([*prefill_rows, *verify_rows]) - prefill_seconds, 1e-3 * self.costs.target(1)
+        )
         if self.costs.draft is not None and (catch_up or draft_rounds):
             seconds += self.costs.draft(catch_up) + sum(self.costs.draft(n) for n in draft_rounds.values())
         return tokens / seconds if seconds > 0 else 0.0
 
-    def _verify_seconds(self, verify_rows: list[int], prefill_rows: Seq[int]) -> float:
-        """Target time the verify chunks add to the pass (prompt chunks come first, as the engine orders
-        them; the runtime says how it packs both into calls)."""
+    def _call_seconds(self, chunk_rows: Seq[int]) -> float:
+        """Target time of a pass over chunks of these sizes (prompt chunks first, as the engine orders
+        them): the measured cost of each backend call, packed as the runtime packs them."""
         target = self.costs.target
-        with_verify = sum(target(n) for n in self.call_rows([*prefill_rows, *verify_rows]))
-        prefill_only = sum(target(n) for n in self.call_rows(prefill_rows)) if prefill_rows else 0.0
-        return max(with_verify - prefill_only, 1e-3 * target(1))
+        return sum(target(n) for n in self.call_rows(chunk_rows)) if chunk_rows else 0.0

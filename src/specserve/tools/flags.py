@@ -1,8 +1,20 @@
-"""Flag values the tools share: comma-separated lists and repeated names."""
+"""Flag values the tools share: comma-separated lists, repeated names, sampling parameters."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from specserve.request import SamplingParams
 from specserve.tools.workloads import ToolInputError
+
+
+def sampling(**fields: Any) -> SamplingParams:
+    """SamplingParams from flag values; a value it refuses is a ToolInputError (checked before any model
+    loads, so a bad flag costs no minutes)."""
+    try:
+        return SamplingParams(**fields)
+    except ValueError as exc:
+        raise ToolInputError(str(exc)) from None
 
 
 def names(values: list[str]) -> list[str]:

@@ -1,8 +1,9 @@
-"""The verifier for logits on the host (numpy): one batched argmax for greedy sequences, per-sequence
-filtering and rejection sampling for sampled ones.
+"""The verifier for logits on the host (numpy): argmax for greedy sequences, per-sequence filtering and
+rejection sampling for sampled ones.
 
-Greedy sequences — the common case — share one pass: the argmax of every row of the step at once, then
-the longest agreeing prefix of each sequence (:func:`~specserve.verify.greedy.verify_greedy_choices` over
+When every sequence of the step is greedy — the common case — they share one pass: the argmax of every
+row of the step at once (otherwise one argmax per greedy sequence), then the longest agreeing prefix of
+each sequence (:func:`~specserve.verify.greedy.verify_greedy_choices` over
 the padded choices, integers only: no logits are copied and no softmax is computed). A sampled sequence
 has its own temperature, top-k, top-p and min-p, so its rows are filtered on their own and verified by
 :func:`~specserve.verify.rejection.verify_rejection`.

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from specserve.config import Settings, load_settings
+from specserve.tools.flags import sampling
 from specserve.tools.measure.engine_bench import MODES, builtin_prompts, resolve_model, run_engine_bench
 from specserve.tools.measure.engine_report import render_exact_cost, render_markdown
 from specserve.tools.output import command_line, progress, write_report
@@ -46,6 +47,7 @@ def measure_in_process(args: argparse.Namespace) -> int:
 
 
 def _engine_bench(args: argparse.Namespace, settings: Settings) -> int:
+    sampling(max_tokens=args.max_tokens)  # checked before the models load
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
     if unknown:

@@ -19,7 +19,7 @@ from specserve.config import PolicyChoice, Settings
 from specserve.engine.builder import draft_model_can_pay, load_models
 from specserve.request import SamplingParams
 from specserve.sequence import Sequence
-from specserve.tools.workloads import builtin_rows
+from specserve.tools.workloads import ToolInputError, builtin_rows
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,13 @@ def run_engine_bench(
     """Run every prompt in every mode, modes back to back per prompt; ``repeats`` rounds, the mode order
     reversed every other round so that a mode's place in the sequence does not bias it."""
     keep_draft = any("draft-model" in MODES[m].drafters for m in modes)
-    models = load_models(dataclasses.replace(settings, max_running=1), keep_draft=keep_draft)
+    # No mode uses the draft model: do not load it (the server's rule would load it for auto).
+    load_draft = settings.load_draft if keep_draft else "never"
+    models = load_models(dataclasses.replace(settings, max_running=1, load_draft=load_draft), keep_draft)
+    if keep_draft and settings.draft_path_or_none is not None and models.draft is None:
+        models.close()
+        why = "; ".join(models.report.notes) or "it did not load"
+        raise ToolInputError(f"mode draft-model cannot run ({why}); fix --draft, or leave the mode out")
     try:
         result = EngineBenchResult(
             _settings_summary(settings), models.costs.as_dict(), notes=list(models.report.notes)
@@ -131,9 +137,12 @@ def run_engine_bench(
                     if n in models.drafters and (n != "draft-model" or pays or mode.policy == "fixed")
                 )
                 engine = models.engine(names, policies[mode_name], settings.num_draft_tokens)
-                seq = engine.add_request(
-                    f"bench-{r}-{i}-{mode_name}", prompt_ids, SamplingParams(max_tokens=max_tokens)
-                )
+                try:
+                    seq = engine.add_request(
+                        f"bench-{r}-{i}-{mode_name}", prompt_ids, SamplingParams(max_tokens=max_tokens)
+                    )
+                except ValueError as exc:  # the prompt does not fit the context
+                    raise ToolInputError(str(exc)) from None
                 while engine.has_work():
                     engine.step()
                 finished[mode_name] = seq

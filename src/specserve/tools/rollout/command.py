@@ -14,8 +14,7 @@ from typing import Any
 
 from specserve.config import Settings, load_settings
 from specserve.engine.builder import LoadedModels, load_models
-from specserve.request import SamplingParams
-from specserve.tools.flags import names, parse_int_list
+from specserve.tools.flags import names, parse_int_list, sampling
 from specserve.tools.output import command_line, progress, stamped, write_report
 from specserve.tools.rollout.consistency import ConsistencyOptions, ConsistencyReport, check_in_process
 from specserve.tools.rollout.reports import render_consistency, render_evaluate
@@ -26,6 +25,17 @@ def _settings(args: argparse.Namespace) -> Settings:
     return dataclasses.replace(load_settings(args, config_file=args.config), max_running=1)
 
 
+def _load(settings: Settings, with_draft: bool) -> LoadedModels:
+    """The models, the draft one too when ``with_draft`` and one is named: a check that silently lost an
+    arm would pass without having checked it."""
+    models = load_models(settings, keep_draft=with_draft)
+    if with_draft and settings.draft_path_or_none is not None and models.draft is None:
+        models.close()
+        why = "; ".join(models.report.notes) or "it did not load"
+        raise ToolInputError(f"the draft model's arm cannot run ({why}); fix --draft, or give --draft none")
+    return models
+
+
 def verify(args: argparse.Namespace) -> int:
     if args.in_process == bool(args.url):
         raise ToolInputError("give either --url BASE_URL or --in-process")
@@ -33,6 +43,11 @@ def verify(args: argparse.Namespace) -> int:
         raise ToolInputError("need --seeds >= 0, --sample-tokens >= 1, --max-tokens >= 1, 0 < --alpha < 1")
     if args.seeds and args.temperature <= 0:
         raise ToolInputError("the sampled check needs --temperature > 0 (or --seeds 0)")
+    sampling(max_tokens=args.max_tokens, seed=args.seed)  # what the check will ask for, checked now
+    if args.seeds:
+        sampling(
+            temperature=args.temperature, top_k=args.top_k, max_tokens=args.sample_tokens, seed=args.seed
+        )
     workloads = select_workloads(names(args.workload), args.prompts, args.limit)
     options = ConsistencyOptions(
         args.max_tokens, args.seeds, args.temperature, args.top_k, args.sample_tokens, args.alpha, args.seed
@@ -66,7 +81,7 @@ def _verify_in_process(
     from specserve.tools.rollout.inprocess import open_reference
 
     settings = _settings(args)
-    models = load_models(settings, keep_draft=settings.drafter in ("auto", "draft-model"))
+    models = _load(settings, with_draft=settings.drafter in ("auto", "draft-model"))
     try:
         arms: list[str] = list(models.drafters)
         if settings.drafter in ("ngram", "draft-model"):
@@ -100,9 +115,9 @@ def evaluate(args: argparse.Namespace) -> int:
 
     workloads = select_workloads(names(args.workload), args.prompts, args.limit)
     lengths = parse_int_list(args.draft_lengths, "--draft-lengths")
-    params = SamplingParams(temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens)
+    params = sampling(temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens)
     settings = _settings(args)
-    models = load_models(settings, keep_draft=True)
+    models = _load(settings, with_draft=True)
     try:
         calibrated = copy.deepcopy(models.costs)  # expected speed-ups come from the costs as calibrated
         drafters = names([args.drafters]) if args.drafters else list(models.drafters)

@@ -19,6 +19,7 @@ from specserve.engine.builder import LoadedModels, open_runtime
 from specserve.engine.draft_policy import DraftLengthPolicy, FixedLengthPolicy
 from specserve.request import SamplingParams
 from specserve.sequence import Sequence
+from specserve.tools.workloads import ToolInputError
 
 SCORE_CHUNK = 256  # tokens per decode call when scoring (within every runtime's batch capacity)
 
@@ -38,7 +39,10 @@ def generate(
 ) -> Sequence:
     """One request alone on a fresh engine; ``drafters=()`` is plain decoding."""
     engine = models.engine(drafters, policy or FixedLengthPolicy(), num_draft_tokens)
-    seq = engine.add_request("inprocess-0", ids, params)
+    try:
+        seq = engine.add_request("inprocess-0", ids, params)
+    except ValueError as exc:  # the prompt does not fit the context
+        raise ToolInputError(str(exc)) from None
     while engine.has_work():
         engine.step()
     return seq  # not engine.close(): that would close the shared runtimes
