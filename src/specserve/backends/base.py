@@ -13,6 +13,7 @@ model drafter, the calibration self-check, the tools) takes a :data:`HostRuntime
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -120,10 +121,7 @@ class StepLogits(Generic[LogitsT]):
 
 def row_offsets(rows_per_chunk: Sequence[int]) -> tuple[int, ...]:
     """``[0, 4, 1]`` → ``(0, 0, 4, 5)``: where each chunk's rows start in a :class:`StepLogits`."""
-    offsets = [0]
-    for n in rows_per_chunk:
-        offsets.append(offsets[-1] + n)
-    return tuple(offsets)
+    return tuple(itertools.accumulate(rows_per_chunk, initial=0))
 
 
 def one_call(chunk_rows: Sequence[int]) -> list[int]:

@@ -44,6 +44,8 @@ class BuildReport:
     degraded: bool = False
     draft_pays: bool = False
     """Whether the draft model could beat plain decoding at 100 % acceptance (measured costs)."""
+    draft_best_speedup: float = 0.0
+    """Its best speed-up over plain decoding at 100 % acceptance (``draft_model_can_pay``)."""
     seconds: float = 0.0
 
 
@@ -123,8 +125,9 @@ def build_engine(settings: Settings, calibrate_costs: bool = True) -> tuple[Spec
 def load_models(settings: Settings, calibrate_costs: bool = True, keep_draft: bool = False) -> LoadedModels:
     """Load everything ``settings`` asks for. Raises on a bad target; a bad draft degrades unless required.
 
-    A draft model that cannot pay is unloaded unless it is required or ``keep_draft`` (a benchmark that
-    measures it anyway); ``report.draft_pays`` says which.
+    A draft model that cannot pay is unloaded unless it is required or ``keep_draft`` (a tool that measures
+    or checks it anyway); ``report.draft_pays`` says which. With ``keep_draft`` a named draft model that does
+    not load is an error, not a degraded start: the tool's draft-model arm would silently not run.
     """
     from specserve.models import ModelStore
 
@@ -242,6 +245,10 @@ def _load_draft(
             raise
         report.draft_path = str(draft_path)
     except Exception as exc:
+        if keep_draft:  # a tool that measures or checks the draft model: without it, it would lie
+            raise ModelStoreError(
+                f"the draft model's arm cannot run ({exc}); fix --draft, or give --draft none"
+            ) from exc
         if _requires_draft(settings):
             demand = "load_draft=always" if settings.load_draft == "always" else "drafter=draft-model"
             raise ModelStoreError(
@@ -253,6 +260,7 @@ def _load_draft(
         log.warning("draft model not loaded, continuing without it: %s", exc)
         return None
     report.draft_pays, best = draft_model_can_pay(costs, max_k)
+    report.draft_best_speedup = best
     if report.draft_pays or _requires_draft(settings) or keep_draft:
         return draft
     note = (

@@ -16,7 +16,7 @@ from typing import Any
 
 from specserve.chat import chat_prompt_ids
 from specserve.config import PolicyChoice, Settings
-from specserve.engine.builder import draft_model_can_pay, load_models
+from specserve.engine.builder import load_models
 from specserve.request import SamplingParams
 from specserve.sequence import Sequence
 from specserve.tools.workloads import ToolInputError, builtin_rows
@@ -108,17 +108,11 @@ def run_engine_bench(
     # No mode uses the draft model: do not load it (the server's rule would load it for auto).
     load_draft = settings.load_draft if keep_draft else "never"
     models = load_models(dataclasses.replace(settings, max_running=1, load_draft=load_draft), keep_draft)
-    if keep_draft and settings.draft_path_or_none is not None and models.draft is None:
-        models.close()
-        why = "; ".join(models.report.notes) or "it did not load"
-        raise ToolInputError(f"mode draft-model cannot run ({why}); fix --draft, or leave the mode out")
     try:
         result = EngineBenchResult(
             _settings_summary(settings), models.costs.as_dict(), notes=list(models.report.notes)
         )
-        pays, best = draft_model_can_pay(
-            models.costs, min(settings.num_draft_tokens, models.max_draft_tokens)
-        )
+        pays, best = models.report.draft_pays, models.report.draft_best_speedup  # the builder's verdict
         if models.draft is not None and not pays:
             result.notes.append(f"auto excludes the draft model: at 100% acceptance it reaches {best:.2f}x")
         # One policy per mode for the whole run, as a server keeps one: its acceptance statistics carry

@@ -9,13 +9,12 @@ import argparse
 import asyncio
 import copy
 import dataclasses
-import time
 from typing import Any
 
 from specserve.config import Settings, load_settings
 from specserve.engine.builder import LoadedModels, load_models
 from specserve.tools.flags import names, parse_int_list, sampling
-from specserve.tools.output import command_line, progress, stamped, write_report
+from specserve.tools.output import progress, stamped, write_report
 from specserve.tools.rollout.consistency import ConsistencyOptions, ConsistencyReport, check_in_process
 from specserve.tools.rollout.reports import render_consistency, render_evaluate
 from specserve.tools.workloads import ToolInputError, Workload, select_workloads
@@ -23,17 +22,6 @@ from specserve.tools.workloads import ToolInputError, Workload, select_workloads
 
 def _settings(args: argparse.Namespace) -> Settings:
     return dataclasses.replace(load_settings(args, config_file=args.config), max_running=1)
-
-
-def _load(settings: Settings, with_draft: bool) -> LoadedModels:
-    """The models, the draft one too when ``with_draft`` and one is named: a check that silently lost an
-    arm would pass without having checked it."""
-    models = load_models(settings, keep_draft=with_draft)
-    if with_draft and settings.draft_path_or_none is not None and models.draft is None:
-        models.close()
-        why = "; ".join(models.report.notes) or "it did not load"
-        raise ToolInputError(f"the draft model's arm cannot run ({why}); fix --draft, or give --draft none")
-    return models
 
 
 def verify(args: argparse.Namespace) -> int:
@@ -81,7 +69,7 @@ def _verify_in_process(
     from specserve.tools.rollout.inprocess import open_reference
 
     settings = _settings(args)
-    models = _load(settings, with_draft=settings.drafter in ("auto", "draft-model"))
+    models = load_models(settings, keep_draft=settings.drafter in ("auto", "draft-model"))
     try:
         arms: list[str] = list(models.drafters)
         if settings.drafter in ("ngram", "draft-model"):
@@ -117,7 +105,7 @@ def evaluate(args: argparse.Namespace) -> int:
     lengths = parse_int_list(args.draft_lengths, "--draft-lengths")
     params = sampling(temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens)
     settings = _settings(args)
-    models = _load(settings, with_draft=True)
+    models = load_models(settings, keep_draft=True)
     try:
         calibrated = copy.deepcopy(models.costs)  # expected speed-ups come from the costs as calibrated
         drafters = names([args.drafters]) if args.drafters else list(models.drafters)
@@ -139,13 +127,13 @@ def evaluate(args: argparse.Namespace) -> int:
 def _evaluate_meta(
     args: argparse.Namespace, settings: Settings, models: LoadedModels, notes: list[str]
 ) -> dict[str, Any]:
-    return {
-        "command": command_line(),
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "target": settings.target,
-        "draft": settings.draft,
-        "exact": settings.exact,
-        "max_tokens": args.max_tokens,
-        "temperature": args.temperature,
-        "notes": [*models.report.notes, *notes],
-    }
+    return stamped(
+        {
+            "target": settings.target,
+            "draft": settings.draft,
+            "exact": settings.exact,
+            "max_tokens": args.max_tokens,
+            "temperature": args.temperature,
+            "notes": [*models.report.notes, *notes],
+        }
+    )
