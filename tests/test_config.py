@@ -74,7 +74,8 @@ def test_every_setting_has_a_flag_and_an_env_name() -> None:
 def test_add_arguments_by_group() -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser, ("models",), exclude=("calibration_cache",))
-    expected = {"target", "draft", "model_dir", "context_size", "threads", "gpu_layers", "exact"}
+    expected = {"target", "draft", "backend", "device", "dtype", "model_dir", "context_size", "threads"}
+    expected |= {"gpu_layers", "exact"}
     assert set(vars(parser.parse_args([]))) == expected
 
 

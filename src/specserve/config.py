@@ -26,6 +26,9 @@ DrafterName = Literal["ngram", "draft-model"]
 DrafterChoice = Literal["auto", "none", DrafterName]
 """A drafter setting: one drafter, ``auto`` (the cost policy chooses among the loaded ones) or ``none``."""
 PolicyChoice = Literal["cost", "fixed"]
+BackendChoice = Literal["auto", "llama.cpp", "torch"]
+"""The runtime: llama.cpp (GGUF on the CPU), specserve's own torch runtime, or ``auto``: torch when a CUDA
+GPU is visible (or the target is a checkpoint directory), llama.cpp otherwise."""
 
 
 SettingGroup = Literal["models", "speculation", "batching", "server", "scale-out", "operations"]
@@ -52,13 +55,30 @@ class SettingsError(UserError, ValueError):
 @dataclass(frozen=True)
 class Settings:
     # -- models
-    target: str = _model("qwen2.5-coder-1.5b-instruct", "Target model: a catalog name or a GGUF path.")
+    target: str = _model(
+        "qwen2.5-coder-1.5b-instruct",
+        "Target model: a catalog name, a GGUF path, or a Hugging Face checkpoint directory (torch backend).",
+    )
     draft: str | None = _model(
-        "qwen2.5-coder-0.5b-instruct", "Draft model: a catalog name, a GGUF path, or 'none'."
+        "qwen2.5-coder-0.5b-instruct",
+        "Draft model: a catalog name, a GGUF path, a checkpoint directory, or 'none'.",
+    )
+    backend: BackendChoice = _model(
+        "auto",
+        "Runtime: llama.cpp, torch (specserve's own; the torch extra), or auto (torch when a CUDA GPU is "
+        "visible or the target is a checkpoint directory, else llama.cpp).",
+    )
+    device: Literal["auto", "cpu", "cuda"] = _model(
+        "auto", "Device of the torch runtime: cuda when one is visible (auto), or cpu."
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = _model(
+        "auto",
+        "Weight and KV dtype of the torch runtime: auto = bf16 on a GPU (else fp16) and on a CPU with bf16 "
+        "instructions (AVX-512 BF16, AMX), else float32.",
     )
     model_dir: str | None = _model(None, "Model cache directory (default ~/.cache/specserve/models).")
     context_size: int = _model(4096, "Context length per sequence, in tokens.", "--ctx-size")
-    threads: int | None = _model(None, "CPU threads for llama.cpp (default: all cores).")
+    threads: int | None = _model(None, "CPU threads for llama.cpp or torch on the CPU (default: all cores).")
     gpu_layers: int = _model(0, "Layers to offload to a GPU (needs a GPU build of llama-cpp-python).")
     exact: bool = _model(
         True,

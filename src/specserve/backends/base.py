@@ -124,6 +124,18 @@ def row_offsets(rows_per_chunk: Sequence[int]) -> tuple[int, ...]:
     return tuple(itertools.accumulate(rows_per_chunk, initial=0))
 
 
+def to_host(rows: object) -> HostLogits:
+    """Logits rows as a float32 numpy array on the host: numpy as it is, a tensor copied off its device.
+
+    For code that reads logits itself (the self-check, the draft model's confidence, the tools); the
+    engine's own step never calls it.
+    """
+    if isinstance(rows, np.ndarray):
+        return rows
+    host: HostLogits = rows.detach().float().cpu().numpy()  # type: ignore[attr-defined]
+    return host
+
+
 def one_call(chunk_rows: Sequence[int]) -> list[int]:
     """The packing of a runtime that evaluates a whole step in one call: ``[sum(chunk_rows)]``."""
     total = sum(chunk_rows)
@@ -181,6 +193,9 @@ class ModelRuntime(ABC, Generic[LogitsT]):
         pack exactly as ``decode`` does. Default: one call for the whole batch.
         """
         return one_call(chunk_rows)
+
+    def synchronize(self) -> None:
+        """Wait until the last ``decode`` has finished on the device (for timing it)."""
 
     @abstractmethod
     def truncate(self, seq_id: int, length: int) -> None:

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from specserve.backends.base import DecodeChunk, HostRuntime
+from specserve.backends.base import DecodeChunk, ModelRuntime, to_host
 
 log = logging.getLogger("specserve.invariance")
 
@@ -49,7 +50,7 @@ class InvarianceResult:
         )
 
 
-def check_tokens(runtime: HostRuntime, n: int) -> list[int]:
+def check_tokens(runtime: ModelRuntime[Any], n: int) -> list[int]:
     """``n`` ordinary token ids of the model, from fixed text (repeated if the vocabulary is coarse)."""
     text = "def check(values):\n    return [value * 2 for value in values if value]\n"
     tokens = runtime.tokenize(text, add_special=False)
@@ -58,7 +59,9 @@ def check_tokens(runtime: HostRuntime, n: int) -> list[int]:
     return (tokens * (n // len(tokens) + 1))[:n]
 
 
-def check_batch_invariance(runtime: HostRuntime, seq_id: int = 0, rows: int = CHECK_ROWS) -> InvarianceResult:
+def check_batch_invariance(
+    runtime: ModelRuntime[Any], seq_id: int = 0, rows: int = CHECK_ROWS
+) -> InvarianceResult:
     """Compare ``rows`` logits rows of one batched call with one-token decoding (sequence left empty).
 
     Precondition: ``runtime.decode`` runs a chunk of ``rows`` tokens as one backend call.
@@ -69,11 +72,11 @@ def check_batch_invariance(runtime: HostRuntime, seq_id: int = 0, rows: int = CH
     runtime.free(seq_id)
     try:
         runtime.decode([DecodeChunk(seq_id, context, 0, 0)])
-        batched = runtime.decode([DecodeChunk(seq_id, probe, CONTEXT_TOKENS, rows)])[0].copy()
+        batched = to_host(runtime.decode([DecodeChunk(seq_id, probe, CONTEXT_TOKENS, rows)])[0]).copy()
         runtime.truncate(seq_id, CONTEXT_TOKENS)
         singles = np.stack(
             [
-                runtime.decode([DecodeChunk(seq_id, [token], CONTEXT_TOKENS + i, 1)])[0][0].copy()
+                to_host(runtime.decode([DecodeChunk(seq_id, [token], CONTEXT_TOKENS + i, 1)])[0])[0].copy()
                 for i, token in enumerate(probe)
             ]
         )

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from specserve.backends.base import BackendError, DecodeChunk, HostRuntime
+from specserve.backends.base import BackendError, DecodeChunk, ModelRuntime, to_host
 from specserve.drafters.base import Drafter, DrafterError, DraftOption, Proposal
 from specserve.drafters.registry import DrafterContext
 from specserve.request import DRAFT_STREAM
@@ -44,7 +45,7 @@ class DraftModelDrafter(Drafter):
     name = "draft-model"
     uses_model = True
 
-    def __init__(self, runtime: HostRuntime, p_min: float = 0.6) -> None:
+    def __init__(self, runtime: ModelRuntime[Any], p_min: float = 0.6) -> None:
         self.runtime = runtime
         self.p_min = p_min
         self._left: dict[int, list[int]] = {}
@@ -92,7 +93,10 @@ class DraftModelDrafter(Drafter):
         while active:
             logits = self.runtime.decode(chunks)
             still: list[int] = []
-            for i, rows in zip(active, logits, strict=True):
+            # A device runtime's rows come to the host here: the chain is sequential per token anyway.
+            host_rows = to_host(logits.rows)
+            for j, i in enumerate(active):
+                rows = host_rows[logits.offsets[j] : logits.offsets[j + 1]]
                 seq, state = seqs[i], self._state(seqs[i])
                 state.computed = seq.num_tokens + len(drafts[i])
                 if drafts[i]:

@@ -11,8 +11,9 @@ import importlib
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from specserve.backends.base import HostRuntime
+from specserve.backends.base import ModelRuntime
 from specserve.config import DrafterName
 from specserve.drafters.base import Drafter, DrafterError
 
@@ -21,7 +22,7 @@ from specserve.drafters.base import Drafter, DrafterError
 class DrafterContext:
     """What a drafter factory may use."""
 
-    draft_runtime: HostRuntime | None = None
+    draft_runtime: ModelRuntime[Any] | None = None
     ngram_min_n: int = 2
     draft_p_min: float = 0.6
 

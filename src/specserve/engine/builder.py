@@ -12,9 +12,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from specserve.backends.base import HostRuntime
+from specserve.backends.base import BackendError, ModelRuntime
 from specserve.config import DrafterName, PolicyChoice, Settings
 from specserve.drafters.base import Drafter
 from specserve.drafters.registry import DrafterContext, build_drafter
@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from specserve.models import ModelStore
 
 log = logging.getLogger("specserve.builder")
+
+Runtime = ModelRuntime[Any]
+"""A target or draft runtime of either backend (numpy logits from llama.cpp, tensors from torch)."""
 
 DEFAULT_MARGIN = 0.03
 """How much faster than plain decoding a plan must look before the cost policy leaves plain decoding."""
@@ -54,8 +57,8 @@ class LoadedModels:
     """The runtimes, their measured costs and the drafters over them: what engines are made of."""
 
     settings: Settings
-    target: HostRuntime
-    draft: HostRuntime | None
+    target: Runtime
+    draft: Runtime | None
     costs: CostModel
     drafters: dict[str, Drafter]
     report: BuildReport
@@ -147,7 +150,7 @@ def load_models(settings: Settings, calibrate_costs: bool = True, keep_draft: bo
         calib_dir = store.cache_dir / "calibration" if settings.calibration_cache else None
         key = calibration_key(settings, target)
 
-        def measure(runtime: HostRuntime) -> StepCostTable:
+        def measure(runtime: Runtime) -> StepCostTable:
             return cached_calibration(runtime, 0, calib_dir, key) if calibrate_costs else flat_costs()
 
         costs = CostModel(measure(target))
@@ -165,15 +168,37 @@ def load_models(settings: Settings, calibrate_costs: bool = True, keep_draft: bo
     return LoadedModels(settings, target, draft, costs, drafters, report)
 
 
-def build_drafters(settings: Settings, draft: HostRuntime | None) -> dict[str, Drafter]:
+def build_drafters(settings: Settings, draft: Runtime | None) -> dict[str, Drafter]:
     """Every drafter the loaded models allow: n-gram always, the draft model when one is loaded."""
     context = DrafterContext(draft, settings.ngram_min_n, settings.draft_p_min)
     names: list[DrafterName] = ["ngram"] if draft is None else ["ngram", "draft-model"]
     return {name: build_drafter(name, context) for name in names}
 
 
-def open_runtime(path: str, settings: Settings, max_sequences: int, self_check: bool = True) -> HostRuntime:
-    """A llama.cpp runtime for ``settings``; ``self_check=False`` for a draft model (see LlamaCppRuntime)."""
+def open_runtime(path: str, settings: Settings, max_sequences: int, self_check: bool = True) -> Runtime:
+    """The runtime ``settings.backend`` names for the model at ``path``; ``self_check=False`` for a draft
+    model (its logits only propose tokens, so its exactness need not be proved)."""
+    if resolve_backend(settings, path) == "torch":
+        try:
+            from specserve.backends.torch.runtime import TorchRuntime
+        except ImportError as exc:
+            raise BackendError(
+                f"the torch backend needs PyTorch ({exc.name} is missing): pip install 'specserve[torch]'"
+            ) from exc
+        return TorchRuntime(
+            path,
+            context_per_sequence=settings.context_size,
+            max_sequences=max_sequences,
+            device=resolve_device(settings),
+            dtype=settings.dtype,
+            n_threads=settings.threads,
+            # A draft model's logits only propose tokens: its fast kernels (and CUDA graphs) lose nothing.
+            exact=settings.exact and self_check,
+            self_check=self_check,
+            graph_tokens=settings.num_draft_tokens + 1,
+        )
+    if Path(path).is_dir():
+        raise BackendError(f"{path} is a checkpoint directory: llama.cpp needs a GGUF file (--backend torch)")
     from specserve.backends.llama_cpp import LlamaCppRuntime
 
     capacity = max(512, settings.prefill_chunk + max_sequences * (settings.num_draft_tokens + 1))
@@ -187,6 +212,28 @@ def open_runtime(path: str, settings: Settings, max_sequences: int, self_check: 
         n_gpu_layers=settings.gpu_layers,
         self_check=self_check,
     )
+
+
+def cuda_visible() -> bool:
+    """Whether torch is installed and sees a CUDA device (torch is imported only where a GPU exists)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None or not any(Path("/dev").glob("nvidia[0-9]*")):
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def resolve_backend(settings: Settings, path: str) -> str:
+    """``auto``: torch for a checkpoint directory or where a CUDA GPU is visible, llama.cpp otherwise."""
+    if settings.backend != "auto":
+        return settings.backend
+    return "torch" if Path(path).is_dir() or cuda_visible() else "llama.cpp"
+
+
+def resolve_device(settings: Settings) -> str:
+    return ("cuda" if cuda_visible() else "cpu") if settings.device == "auto" else settings.device
 
 
 def draft_model_can_pay(costs: CostModel, max_k: int) -> tuple[bool, float]:
@@ -226,10 +273,10 @@ def _load_draft(
     target_path: Path,
     costs: CostModel,
     report: BuildReport,
-    measure: Callable[[HostRuntime], StepCostTable],
+    measure: Callable[[Runtime], StepCostTable],
     keep_draft: bool,
     max_k: int,
-) -> HostRuntime | None:
+) -> Runtime | None:
     """The draft runtime, calibrated into ``costs``; None (degraded, or it cannot pay) where allowed."""
     from specserve.models import ModelStoreError, check_draft_compatible, read_vocab
 
@@ -275,9 +322,11 @@ def _load_draft(
     return None
 
 
-def calibration_key(settings: Settings, target: HostRuntime) -> dict[str, object]:
+def calibration_key(settings: Settings, target: Runtime) -> dict[str, object]:
     """What a cached cost calibration depends on besides the model file (see ``cached_calibration``)."""
     return {
+        "backend": type(target).__name__,
+        "description": target.info.description,
         "threads": target.info.n_threads,
         "exact": settings.exact,
         "exactness": target.info.exactness,
@@ -286,7 +335,7 @@ def calibration_key(settings: Settings, target: HostRuntime) -> dict[str, object
     }
 
 
-def build_prefix_cache(settings: Settings, target: HostRuntime) -> PrefixCache | None:
+def build_prefix_cache(settings: Settings, target: Runtime) -> PrefixCache | None:
     """The prefix cache the settings ask for; in capped exact mode only whole prefill chunks are reusable."""
     if not settings.prefix_cache:
         return None

@@ -119,6 +119,7 @@ def calibrate(
             tokens = context[:n] if n <= len(context) else (context * (n // len(context) + 1))[:n]
             start = time.perf_counter()
             runtime.decode([DecodeChunk(scratch_seq, tokens, context_tokens, n)])
+            runtime.synchronize()
             times.append(time.perf_counter() - start)
             runtime.truncate(scratch_seq, context_tokens)
         samples[n] = min(times)

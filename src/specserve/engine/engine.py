@@ -85,6 +85,7 @@ class SpeculativeEngine:
         self.stats = EngineStats()
         self.drafting = Drafting(self.drafters, policy, target.info, self.stats)
         self._texts: dict[str, OutputText] = {}
+        self._step_tokens = 0  # rows of the step's target pass (its cost is observed after verification)
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -160,9 +161,11 @@ class SpeculativeEngine:
             return []
         plans = self.drafting.plan(batch.decodes, [n for _, n in batch.prefills], self.options)
         proposals = self.drafting.propose(batch.decodes, plans)
+        started = time.perf_counter()
         logits = self._evaluate(batch.prefills, batch.decodes, proposals)
         emitting = self._emitting(batch.prefills, batch.decodes, plans, proposals)
         emitted = self._verify(emitting, logits)
+        self._account(batch.prefills, batch.decodes, time.perf_counter() - started)
         outputs = [
             self._isolated(e.seq, self._commit_step, e, tokens)
             for e, tokens in zip(emitting, emitted, strict=True)
@@ -195,18 +198,20 @@ class SpeculativeEngine:
         for seq, proposal in zip(decodes, proposals, strict=True):
             verify = [seq.tokens[-1], *proposal.token_ids]
             chunks.append(DecodeChunk(seq.slot, verify, seq.num_computed, len(verify)))
-        n_tokens = sum(len(c.tokens) for c in chunks)
-        start = time.perf_counter()
+        self._step_tokens = sum(len(c.tokens) for c in chunks)
         logits = self.target.decode(chunks)
-        elapsed = time.perf_counter() - start
-        if not prefills:
-            self.costs.target.observe(n_tokens, elapsed)
-        self.stats.verify_seconds += elapsed
-        for seq in decodes:
-            seq.verify_seconds += elapsed / len(decodes)
         for seq, n in prefills:
             seq.num_computed += n
         return logits
+
+    def _account(self, prefills: list[tuple[Sequence, int]], decodes: list[Sequence], elapsed: float) -> None:
+        """The target pass's measured cost, from decode to verified ids: a device runtime returns from
+        ``decode`` before its work is done, and the verifier's one transfer is where the host waits for it."""
+        if not prefills:
+            self.costs.target.observe(self._step_tokens, elapsed)
+        self.stats.verify_seconds += elapsed
+        for seq in decodes:
+            seq.verify_seconds += elapsed / len(decodes)
 
     # -- verify ------------------------------------------------------------------------------------
 

@@ -9,16 +9,13 @@ are skipped in that last comparison: they are never proposed as ordinary text.
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from gguf import TokenType
-
 from specserve.models.errors import GGUFFileError, IncompatibleVocabError
 from specserve.models.gguf_header import check_gguf_file, read_header
+from specserve.models.hf_dir import read_hf_vocab
+from specserve.models.vocab_info import VocabInfo
 
 __all__ = [
     "SPEC_VOCAB_MAX_SIZE_DIFFERENCE",
@@ -42,40 +39,11 @@ _KEYS = (
 )
 
 
-@dataclass(frozen=True)
-class VocabInfo:
-    """The tokenizer metadata of one GGUF file."""
-
-    path: Path
-    architecture: str | None  # general.architecture, e.g. "qwen2"
-    tokenizer_model: str | None  # tokenizer.ggml.model, e.g. "gpt2" (BPE) or "llama" (SentencePiece)
-    tokenizer_pre: str | None  # tokenizer.ggml.pre, the pre-tokenizer, e.g. "qwen2"
-    tokens: tuple[str, ...]  # token text by id
-    token_types: tuple[int, ...]  # gguf.TokenType by id; empty when the file has none
-    bos_id: int | None
-    eos_id: int | None
-    add_bos: bool | None  # tokenizer.ggml.add_bos_token
-
-    @property
-    def n_vocab(self) -> int:
-        return len(self.tokens)
-
-    @cached_property
-    def fingerprint(self) -> str:
-        """sha256 of the token list; equal fingerprints mean identical token texts."""
-        digest = hashlib.sha256()
-        for token in self.tokens:
-            data = token.encode("utf-8", errors="surrogateescape")
-            digest.update(len(data).to_bytes(8, "little"))
-            digest.update(data)
-        return digest.hexdigest()
-
-    def is_control(self, token_id: int) -> bool:
-        return token_id < len(self.token_types) and self.token_types[token_id] == TokenType.CONTROL
-
-
 def read_vocab(path: Path | str) -> VocabInfo:
-    """Read the vocabulary of a GGUF file from its header (no tensor data is touched)."""
+    """Read the vocabulary of a GGUF file from its header (no tensor data is touched), or of a Hugging Face
+    checkpoint directory from its tokenizer files (:func:`~specserve.models.hf_dir.read_hf_vocab`)."""
+    if Path(path).expanduser().is_dir():
+        return read_hf_vocab(path)  # a directory without config.json gets its one-line refusal there
     header = read_header(path, keys=_KEYS)
     meta = header.metadata
     tokens = meta.get("tokenizer.ggml.tokens")

@@ -34,6 +34,7 @@ from specserve.models.errors import (
     PartDownloadError,
 )
 from specserve.models.gguf_header import GGUF_MAGIC
+from specserve.models.hf_dir import check_hf_checkpoint, is_hf_checkpoint
 
 _CHUNK = 8 << 20  # bytes per read while streaming parts and hashing
 
@@ -144,18 +145,21 @@ class ModelStore:
         return report
 
     def resolve(self, name_or_path: str | Path, progress: bool = True) -> Path:
-        """A catalog name → its pulled file; an existing file path, or a *.gguf in the cache → that file."""
+        """A catalog name → its pulled file; an existing file path, or a *.gguf in the cache → that file; a
+        Hugging Face checkpoint directory (with config.json) → that directory, as it is (not checksummed)."""
         if isinstance(name_or_path, str) and name_or_path in self.catalog:
             return self.pull(self.catalog[name_or_path], progress=progress)
         path = Path(name_or_path).expanduser()
-        if path.is_file():
+        if path.is_file() or is_hf_checkpoint(path):
             return path
         if path.parent == Path("."):  # a bare name: also look for a *.gguf in the cache
             for candidate in (self.cache_dir / path.name, self.cache_dir / f"{path.name}.gguf"):
                 if candidate.is_file():
                     return candidate
+        if path.is_dir():
+            check_hf_checkpoint(path)  # a directory without config.json: refused in one line
         names = ", ".join(self.catalog) or "(empty)"
-        raise ModelNotFoundError(f"{name_or_path}: not a catalog model ({names}) nor an existing file")
+        raise ModelNotFoundError(f"{name_or_path}: not a catalog model ({names}) nor an existing file or dir")
 
     def list(self) -> builtins.list[ModelStatus]:
         """Catalog models (present or not), then any other *.gguf files in the cache directory."""

@@ -175,6 +175,7 @@ async def ready(request: Request) -> JSONResponse:
             "degraded_reasons": reasons,
             "notes": report.notes if report else [],
             "exactness": {"mode": target.exactness, "check": target.exactness_note},
+            "runtime": {"description": target.description, "logits": target.logits_device},
             "load_seconds": round(report.seconds, 3) if report else None,
         }
     )

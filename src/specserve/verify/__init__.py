@@ -6,8 +6,10 @@ token sampled from the target after the last draft position when every draft was
 emits its accepted tokens plus exactly one recovered or bonus token.
 
 A :class:`Verifier` works where the logits are: :class:`~specserve.verify.host.HostVerifier` on numpy arrays
-(llama.cpp); a device verifier works on tensors and returns only the emitted ids. ``verifier_for`` picks one
-by the runtime's ``logits_device``, importing it only then.
+(llama.cpp); :class:`~specserve.verify.device.TorchVerifier` on torch tensors on any device (its tensor
+functions in verify/device.py and verify/device_sampling.py), with the same tokens, returning only the emitted
+ids. ``verifier_for`` picks one by the runtime's ``logits_device`` (``cpu``, or ``torch``, ``torch:cuda``, …),
+importing it only then: importing this package never loads torch.
 """
 
 from __future__ import annotations
@@ -25,12 +27,16 @@ from specserve.verify.sampling import (
 )
 from specserve.verify.types import PLACEHOLDER_TOKEN_ID, Verifier, VerifyRequest, VerifyResult
 
-VERIFIERS: dict[str, str] = {"cpu": "specserve.verify.host:HostVerifier"}
-"""``RuntimeInfo.logits_device`` → ``module:class`` of the verifier that works there."""
+VERIFIERS: dict[str, str] = {
+    "cpu": "specserve.verify.host:HostVerifier",
+    "torch": "specserve.verify.device:TorchVerifier",
+}
+"""``RuntimeInfo.logits_device`` before any ``:`` → ``module:class`` of the verifier that works there."""
 
 
 def verifier_for(device: str) -> Verifier[Any]:
-    """The verifier for logits on ``device`` (``cpu``: numpy arrays on the host)."""
+    """The verifier for logits on ``device``: ``cpu``, numpy arrays on the host; ``torch`` or
+    ``torch:<device>`` (``torch:cuda``, ``torch:cpu``), torch tensors wherever they are."""
     target = VERIFIERS.get(device.split(":")[0])
     if target is None:
         raise ValueError(f"no verifier for logits on {device!r}; known: {', '.join(VERIFIERS)}")

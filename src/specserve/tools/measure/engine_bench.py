@@ -109,9 +109,9 @@ def run_engine_bench(
     load_draft = settings.load_draft if keep_draft else "never"
     models = load_models(dataclasses.replace(settings, max_running=1, load_draft=load_draft), keep_draft)
     try:
-        result = EngineBenchResult(
-            _settings_summary(settings), models.costs.as_dict(), notes=list(models.report.notes)
-        )
+        info = models.target.info
+        summary = _settings_summary(settings) | {"runtime": info.description, "exactness": info.exactness}
+        result = EngineBenchResult(summary, models.costs.as_dict(), notes=list(models.report.notes))
         pays, best = models.report.draft_pays, models.report.draft_best_speedup  # the builder's verdict
         if models.draft is not None and not pays:
             result.notes.append(f"auto excludes the draft model: at 100% acceptance it reaches {best:.2f}x")
@@ -165,6 +165,9 @@ def _settings_summary(settings: Settings) -> dict[str, Any]:
     keys = (
         "target",
         "draft",
+        "backend",
+        "device",
+        "dtype",
         "exact",
         "threads",
         "num_draft_tokens",

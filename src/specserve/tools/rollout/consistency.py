@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from specserve.backends.base import HostRuntime
+from specserve.backends.base import ModelRuntime
 from specserve.engine.builder import LoadedModels
 from specserve.request import SamplingParams
 from specserve.tools.rollout.inprocess import generate, next_token_logits, output_logprobs, prompt_ids
@@ -132,7 +132,7 @@ def check_in_process(
     workloads: list[Workload],
     options: ConsistencyOptions,
     progress: Progress,
-    reference: HostRuntime | None = None,
+    reference: ModelRuntime[Any] | None = None,
 ) -> ConsistencyReport:
     """Compare plain decoding (on ``reference`` if given) with each drafter in ``arms``."""
     plain = models
@@ -217,6 +217,6 @@ def _at(outputs: list[list[int]], j: int) -> list[int]:
     return [out[j] if j < len(out) else -1 for out in outputs]  # -1: the output ended before j
 
 
-def _mean_loglik(runtime: HostRuntime, ids: list[int], outputs: list[list[int]]) -> float | None:
+def _mean_loglik(runtime: ModelRuntime[Any], ids: list[int], outputs: list[list[int]]) -> float | None:
     scores = np.concatenate(output_logprobs(runtime, ids, outputs))
     return round(float(scores.mean()), 6) if scores.size else None

@@ -8,11 +8,12 @@ into each other, and scoring reads the target's logits directly.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from specserve.backends.base import DecodeChunk, HostRuntime
+from specserve.backends.base import DecodeChunk, ModelRuntime, to_host
 from specserve.chat import chat_prompt_ids
 from specserve.config import Settings
 from specserve.engine.builder import LoadedModels, open_runtime
@@ -20,6 +21,9 @@ from specserve.engine.draft_policy import DraftLengthPolicy, FixedLengthPolicy
 from specserve.request import SamplingParams
 from specserve.sequence import Sequence
 from specserve.tools.workloads import ToolInputError
+
+Runtime = ModelRuntime[Any]
+"""A runtime of either kind: the logits this module reads are brought to the host (to_host)."""
 
 SCORE_CHUNK = 256  # tokens per decode call when scoring (within every runtime's batch capacity)
 
@@ -48,7 +52,7 @@ def generate(
     return seq  # not engine.close(): that would close the shared runtimes
 
 
-def open_reference(settings: Settings, path: str) -> HostRuntime:
+def open_reference(settings: Settings, path: str) -> Runtime:
     """Another target for the plain arm of ``verify`` (e.g. a requantized model)."""
     from specserve.models import ModelStore
 
@@ -56,9 +60,7 @@ def open_reference(settings: Settings, path: str) -> HostRuntime:
     return open_runtime(str(store.resolve(path)), settings, 1)
 
 
-def _decode_all(
-    runtime: HostRuntime, tokens: list[int], start: int, first_logit: int
-) -> npt.NDArray[np.float64]:
+def _decode_all(runtime: Runtime, tokens: list[int], start: int, first_logit: int) -> npt.NDArray[np.float64]:
     """Append ``tokens`` at ``start`` on slot 0; logits of positions ``>= first_logit`` (absolute)."""
     rows = []
     for a in range(0, len(tokens), SCORE_CHUNK):
@@ -67,11 +69,11 @@ def _decode_all(
         wanted = max(0, lo + len(chunk) - max(first_logit, lo))
         logits = runtime.decode([DecodeChunk(0, chunk, lo, wanted)])[0]
         if wanted:
-            rows.append(np.array(logits, dtype=np.float64))
+            rows.append(np.array(to_host(logits), dtype=np.float64))
     return np.concatenate(rows) if rows else np.zeros((0, runtime.info.vocab_size))
 
 
-def next_token_logits(runtime: HostRuntime, prefix: list[int]) -> npt.NDArray[np.float64]:
+def next_token_logits(runtime: Runtime, prefix: list[int]) -> npt.NDArray[np.float64]:
     """The target's logits for the token after ``prefix`` (a fresh prefill on slot 0)."""
     runtime.free(0)
     try:
@@ -82,7 +84,7 @@ def next_token_logits(runtime: HostRuntime, prefix: list[int]) -> npt.NDArray[np
 
 
 def output_logprobs(
-    runtime: HostRuntime, ids: list[int], outputs: list[list[int]]
+    runtime: Runtime, ids: list[int], outputs: list[list[int]]
 ) -> list[npt.NDArray[np.float64]]:
     """Per output, ``log p(output[j] | prompt + output[:j])`` under the raw (temperature 1) target.
 

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The GPU check of the torch runtime: plain / verify / oracle / exact sections on random weights of real
+# shapes (Qwen2.5-1.5B and Llama-3.1-8B targets, 0.5B-shaped drafts), written to DIR/gpu-check.{json,md}.
+#
+#   scripts/gpu-check.sh --output-dir DIR                          # on the device (cuda, bf16, <= budget)
+#   scripts/gpu-check.sh --output-dir DIR --device cpu --tiny --threads 1   # the CPU dry run (seconds)
+#   further options: --budget-seconds S (default 420), --shapes qwen2.5-1.5b, --dtype float16
+#
+# Runs from the repository tree: the device machine gets the tree, not an installed wheel, so src/ goes on
+# PYTHONPATH unless specserve (with this module) is importable already. Imports: the check needs only torch
+# and numpy (and the Python standard library) besides specserve's own modules; checked by running it with
+# nothing else on sys.path. Nothing has to be carried. Should a later edit bring pydantic, jinja2, httpx or
+# pyyaml into these import paths, their pure-Python wheels would have to be carried (and pip-installed with
+# --no-index) first: the device machine has no network.
+#
+# Exit status: 0 when every section ran, 1 when one failed (recorded in both files), 2 without CUDA.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-}"
+if [[ -z "$PY" ]]; then
+  if [[ -x .venv/bin/python ]]; then PY=.venv/bin/python
+  elif command -v python3 >/dev/null; then PY=python3
+  else PY=python; fi
+fi
+if ! "$PY" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("specserve.tools.measure.gpu_check") is None)' 2>/dev/null; then
+  export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+fi
+GPU_CHECK_COMMAND="scripts/gpu-check.sh$(printf ' %q' "$@")"
+export GPU_CHECK_COMMAND
+exec "$PY" -m specserve.tools.measure.gpu_check "$@"

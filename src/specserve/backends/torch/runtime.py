@@ -1,0 +1,275 @@
+"""The torch runtime: a :class:`~specserve.backends.base.ModelRuntime` over our own decoder.
+
+It loads a GGUF file (dequantized) or a Hugging Face checkpoint directory, preallocates the KV cache for
+``max_sequences`` slots, and evaluates every chunk of a step in one forward pass. Logits stay where the
+model is (``logits_device = "torch:<device>"``): the engine hands them to the torch verifier, and only the
+emitted token ids cross to the host.
+
+Exact mode (``exact=True``) runs the batch-invariant kernels (:class:`~.model.Kernels` with tiles) and
+proves them at load with the same self-check as llama.cpp (``backends/invariance.py``): one 16-row call
+against 16 one-token calls, bit for bit. If the check fails the runtime says why and runs the fast
+kernels, reporting ``exactness = "off"``: it never claims an exactness it did not prove.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specserve.backends.base import (
+    DecodeChunk,
+    DecodeError,
+    ModelLoadError,
+    ModelRuntime,
+    RuntimeInfo,
+    StepLogits,
+    row_offsets,
+)
+from specserve.backends.invariance import check_batch_invariance
+from specserve.backends.torch.graphs import GraphRunner
+from specserve.backends.torch.kv_cache import KVCache
+from specserve.backends.torch.model import Decoder, Kernels
+from specserve.backends.torch.step_inputs import build_step
+from specserve.backends.torch.weights import load_decoder, open_weights
+
+log = logging.getLogger("specserve.torch")
+
+TILE_ROWS = {"cpu": 8, "cuda": 32}
+"""Rows of every batch-invariant kernel call: where one call costs about what one row costs (a CPU's fp32
+matrix product is memory-bound up to ~8 rows, a GPU's bf16 one well past 32)."""
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``auto``: bf16 on a GPU that has it (fp16 otherwise); on a CPU bf16 where it has bf16 instructions
+    (AVX-512 BF16 or AMX: half the bytes of float32 and, measured on a Zen 4, twice the speed per step),
+    float32 elsewhere (emulated bf16 is slower than float32)."""
+    if name != "auto":
+        return DTYPES[name]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if cpu_has_bf16() else torch.float32
+
+
+def cpu_has_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
+class TorchRuntime(ModelRuntime[torch.Tensor]):
+    """A decoder on one torch device with ``max_sequences`` KV slots."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        context_per_sequence: int = 4096,
+        max_sequences: int = 1,
+        device: str = "cpu",
+        dtype: str = "auto",
+        n_threads: int | None = None,
+        exact: bool = True,
+        self_check: bool = True,
+        cuda_graphs: bool = True,
+        graph_tokens: int = 16,
+        model: Decoder | None = None,
+        vocabulary: Any = None,
+    ) -> None:
+        """``graph_tokens``: the longest verify chunk whose CUDA graphs are captured at load (on CUDA with
+        fast kernels). ``model`` and ``vocabulary``: run a decoder built in memory instead of loading
+        ``path`` (the GPU check's random weights of real shapes); ``path`` then only names it."""
+        self._path = Path(path)
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ModelLoadError("--device cuda: torch sees no CUDA device here")
+        if self.device.type == "cpu":
+            torch.set_num_threads(n_threads or max(1, os.cpu_count() or 1))
+        self.dtype = resolve_dtype(dtype, self.device)
+        if model is None:
+            try:
+                weights = open_weights(self._path)
+                model = load_decoder(weights, self.dtype, self.device, context_per_sequence)
+            except (OSError, ValueError, KeyError) as exc:
+                raise ModelLoadError(f"the torch runtime could not load {self._path}: {exc}") from exc
+        self.model = model
+        self.config = config = model.config
+        _check_model(model, self.dtype, self.device, context_per_sequence)
+        self.vocab = vocabulary if vocabulary is not None else _open_vocabulary(self._path)
+        self.cache = KVCache(
+            num_layers=config.num_layers,
+            num_slots=max_sequences,
+            positions=context_per_sequence,
+            num_kv_heads=config.num_kv_heads,
+            head_dim=config.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        self.capture_layers: tuple[int, ...] = ()
+        self.hidden: StepLogits[torch.Tensor] | None = None
+        self._closed = False
+        self.kernels = Kernels(TILE_ROWS.get(self.device.type, 32) if exact else None)
+        self.info = RuntimeInfo(
+            path=str(self._path),
+            description=f"{config.family} {config.num_layers}L/{config.hidden_size} {self.dtype} torch",
+            vocab_size=config.vocab_size,
+            context_per_sequence=context_per_sequence,
+            max_sequences=max_sequences,
+            n_threads=torch.get_num_threads() if self.device.type == "cpu" else 0,
+            exact=exact,
+            exactness="batch-invariant" if exact else "off",
+            kv_bytes_per_token=config.num_layers
+            * 2
+            * config.num_kv_heads
+            * config.head_dim
+            * self.dtype.itemsize,
+            logits_device=f"torch:{self.device.type}",
+        )
+        use_graphs = cuda_graphs and self.device.type == "cuda" and not exact
+        self.graphs = GraphRunner(self.model, self.cache, self.kernels) if use_graphs else None
+        if self.graphs is not None:  # the decode and verify shapes the engine uses, captured now
+            with torch.inference_mode():
+                log.info("%d CUDA graphs captured", self.graphs.warm(max_sequences, graph_tokens))
+        if exact and self_check:
+            self._prove_invariance()
+
+    def _prove_invariance(self) -> None:
+        result = check_batch_invariance(self)
+        if result.ok:
+            self.info = dataclasses.replace(self.info, exactness_note=result.describe())
+            return
+        note = f"batch-invariance self-check failed: {result.describe()}; exact mode is off"
+        log.warning("%s", note)
+        self.kernels = Kernels(None)
+        self.info = dataclasses.replace(self.info, exact=False, exactness="off", exactness_note=note)
+
+    # -- evaluation -------------------------------------------------------------------------------
+
+    def decode(self, chunks: Sequence[DecodeChunk]) -> StepLogits[torch.Tensor]:
+        if self._closed:
+            raise DecodeError(f"{self._path.name}: the runtime is closed")
+        self._check(chunks)
+        offsets = row_offsets([c.num_logits for c in chunks])
+        padding = None if self.graphs is None or self.capture_layers else self.graphs.padding_for(chunks)
+        with torch.inference_mode():
+            if self.graphs is not None and padding is not None:
+                logits, hidden = self.graphs.run(chunks, padding), None
+            else:
+                step = build_step(
+                    chunks,
+                    self.device,
+                    max_positions=self.cache.positions,
+                    scratch_slot=self.cache.scratch_slot,
+                    invariant=self.kernels.invariant,
+                )
+                logits, hidden = self.model(step, self.cache, self.kernels, self.capture_layers)
+        for c in chunks:
+            self.cache.wrote(c.seq_id, c.start_pos + len(c.tokens))
+        self.hidden = (
+            None if hidden is None else StepLogits(hidden, row_offsets([len(c.tokens) for c in chunks]))
+        )
+        return StepLogits(logits, offsets)
+
+    def _check(self, chunks: Sequence[DecodeChunk]) -> None:
+        seen = set()
+        for c in chunks:
+            if not 0 <= c.seq_id < self.cache.num_slots or c.seq_id in seen:
+                raise DecodeError(f"sequence id {c.seq_id} is not a free slot of this batch")
+            seen.add(c.seq_id)
+            if c.start_pos + len(c.tokens) > self.cache.positions:
+                raise DecodeError(
+                    f"the KV cache is full: sequence {c.seq_id} would reach {c.start_pos + len(c.tokens)} "
+                    f"positions of {self.cache.positions}"
+                )
+            if c.start_pos > self.cache.lengths[c.seq_id]:
+                raise DecodeError(f"sequence {c.seq_id}: position {c.start_pos} leaves a gap in its KV")
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    # -- KV cache -----------------------------------------------------------------------------------
+
+    def truncate(self, seq_id: int, length: int) -> None:
+        self.cache.truncate(seq_id, length)
+
+    def free(self, seq_id: int) -> None:
+        self.cache.free(seq_id)
+
+    def kv_positions(self, seq_id: int) -> int:
+        return self.cache.lengths[seq_id]
+
+    def copy_sequence(self, src: int, dst: int, length: int) -> bool:
+        self.cache.copy(src, dst, length)
+        return True
+
+    def save_sequence(self, seq_id: int) -> bytes | None:
+        return self.cache.save(seq_id) if self.cache.lengths[seq_id] else None
+
+    def load_sequence(self, seq_id: int, blob: bytes) -> int:
+        return self.cache.load(seq_id, blob)
+
+    # -- vocabulary ---------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        tokens: list[int] = self.vocab.tokenize(text, add_special=add_special, parse_special=parse_special)
+        return tokens
+
+    def token_bytes(self, token_id: int) -> bytes:
+        piece: bytes = self.vocab.token_bytes(token_id)
+        return piece
+
+    def is_eog(self, token_id: int) -> bool:
+        return bool(self.vocab.is_eog(token_id))
+
+    def chat_template(self) -> str | None:
+        template: str | None = self.vocab.chat_template()
+        return template
+
+    def special_token_text(self, which: str) -> str:
+        return str(self.vocab.special_token_text(which))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.graphs = None
+        self.vocab.close()
+        del self.model, self.cache
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _check_model(model: Decoder, dtype: torch.dtype, device: torch.device, positions: int) -> None:
+    """A decoder handed in (not loaded here) must match the runtime: a position past its RoPE table would
+    index out of range, on a GPU a device-side assert that poisons the CUDA context."""
+    weight = model.embed_tokens.weight
+    if weight.dtype != dtype or weight.device.type != device.type:
+        raise ModelLoadError(
+            f"the model is {weight.dtype} on {weight.device}; the runtime runs {dtype} on {device}"
+        )
+    if model.rope_cos.shape[0] < positions:
+        raise ModelLoadError(
+            f"the model's RoPE table covers {model.rope_cos.shape[0]} positions, not {positions}"
+        )
+
+
+def _open_vocabulary(path: Path) -> Any:
+    """The tokenizer of a checkpoint directory (Hugging Face ``tokenizers``) or of a GGUF (llama.cpp's,
+    vocabulary only: the same tokens as the llama.cpp runtime gives)."""
+    if path.is_dir():
+        from specserve.backends.torch.hf_vocab import HFVocabulary
+
+        return HFVocabulary(path)
+    from specserve.backends.llama_cpp_vocab import LlamaCppVocabulary
+
+    return LlamaCppVocabulary(path)

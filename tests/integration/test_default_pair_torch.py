@@ -1,0 +1,103 @@
+"""The torch runtime on the real default target (Qwen2.5-Coder 1.5B, dequantized from its Q4_K_M GGUF)
+against the llama.cpp runtime on the same file.
+
+Teacher-forced: the same tokens (the prompt and llama.cpp's greedy continuation) go to both and the argmax
+is compared per position; llama.cpp quantizes activations for its dot products, so bits differ and rare
+near-ties flip. Then ``specserve generate`` on each backend, as a user runs it: greedy continuations share
+a long common prefix. Marked ``model``: the target is dequantized to float32 (about 7 GB) in ~30 s.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from specserve.backends.base import DecodeChunk
+from specserve.backends.llama_cpp import LlamaCppRuntime
+from specserve.backends.torch.runtime import TorchRuntime
+from specserve.chat import chat_prompt_ids
+from specserve.models import CATALOG, DEFAULT_TARGET, ModelStore
+from specserve.tools.workloads import builtin_rows
+
+pytestmark = pytest.mark.model
+
+POSITIONS = 64
+AGREEMENT = 0.95
+
+
+@pytest.fixture(scope="module")
+def forced() -> list[tuple[list[int], list[int]]]:
+    """(prompt, llama.cpp's greedy continuation of 64 tokens) for each built-in engine prompt.
+
+    Computed before the torch runtime loads: torch's OpenMP threads spin between operations, and
+    llama.cpp's threads slow down many times beside them.
+    """
+    path = ModelStore().locate(CATALOG[DEFAULT_TARGET])
+    if path is None:
+        pytest.skip("default models not pulled (run: specserve models pull)")
+    llama = LlamaCppRuntime(path, context_per_sequence=512, n_threads=2)
+    try:
+        pairs = []
+        for row in builtin_rows("engine"):
+            prompt = chat_prompt_ids(llama, [{"role": "user", "content": row["prompt"]}])
+            pairs.append((prompt, greedy(llama, prompt, POSITIONS)))
+        return pairs
+    finally:
+        llama.close()
+
+
+def greedy(runtime: LlamaCppRuntime, prompt: list[int], n: int) -> list[int]:
+    runtime.free(0)
+    logits = runtime.decode([DecodeChunk(0, prompt, 0, 1)])[0]
+    tokens = [int(np.argmax(logits[0]))]
+    while len(tokens) < n:
+        logits = runtime.decode([DecodeChunk(0, tokens[-1:], len(prompt) + len(tokens) - 1, 1)])[0]
+        tokens.append(int(np.argmax(logits[0])))
+    runtime.free(0)
+    return tokens
+
+
+def test_teacher_forced_top1_agreement_with_llama_cpp(forced: list[tuple[list[int], list[int]]]) -> None:
+    path = ModelStore().locate(CATALOG[DEFAULT_TARGET])
+    assert path is not None
+    ours = TorchRuntime(path, context_per_sequence=512, n_threads=2, exact=False, dtype="float32")
+    agree = total = 0
+    try:
+        for prompt, continuation in forced:
+            ours.free(0)
+            logits = ours.decode([DecodeChunk(0, prompt + continuation[:-1], 0, POSITIONS)])[0]
+            agree += int((logits.argmax(-1).numpy() == np.array(continuation)).sum())
+            total += POSITIONS
+    finally:
+        ours.close()
+    assert agree / total >= AGREEMENT, f"top-1 agreement {agree}/{total}"
+
+
+def generate(*flags: str) -> dict[str, Any]:
+    command = [
+        sys.executable, "-m", "specserve.cli", "generate", "--chat", "--max-tokens", "32", "--json",
+        "--draft", "none", "--threads", "2",
+        "--prompt", "Write a Python function that returns the n-th Fibonacci number iteratively.", *flags,
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=True)
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def test_generate_on_both_backends_shares_a_long_prefix() -> None:
+    if ModelStore().locate(CATALOG[DEFAULT_TARGET]) is None:
+        pytest.skip("default models not pulled (run: specserve models pull)")
+    reference = generate()["token_ids"]
+    ours = generate("--backend", "torch", "--device", "cpu")
+    common = next(
+        (i for i, (a, b) in enumerate(zip(reference, ours["token_ids"], strict=False)) if a != b), 32
+    )
+    assert common >= 16, (reference, ours["token_ids"])
+    assert ours["engine"]["drafters"] == ["ngram"]
