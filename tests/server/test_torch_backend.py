@@ -78,3 +78,29 @@ def test_parallel_clients_match_alone(torch_server: ServerProcess, client: opena
         together = list(pool.map(lambda p: complete(client, p).choices[0].text, prompts))
     assert together == alone
     torch_server.wait_idle()
+
+
+def test_serve_a_checkpoint_directory(
+    tiny_models: TinyModels, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """``serve --target DIR``: a Hugging Face checkpoint picks the torch runtime, its tokenizer and its chat
+    template (tokenizer_config.json), and the chat endpoint answers with them."""
+    from support.tiny_hf import write_tiny_hf_checkpoint
+
+    directory = tmp_path_factory.mktemp("hf-server")
+    checkpoint = write_tiny_hf_checkpoint(directory / "tiny-qwen3", "qwen3")
+    proc = start_server(
+        tiny_models, directory, "--target", str(checkpoint), "--draft", "none", "--drafter", "ngram"
+    )
+    try:
+        ready = httpx.get(f"{proc.url}/ready").json()
+        assert ready["model"] == "tiny-qwen3" and ready["runtime"]["logits"] == "torch:cpu"
+        client = openai.OpenAI(base_url=f"{proc.url}/v1", api_key="x", max_retries=0, timeout=60)
+        chat = client.chat.completions.create(
+            model="tiny-qwen3", messages=[{"role": "user", "content": "hello"}], temperature=0, max_tokens=12
+        )
+        assert chat.usage is not None and chat.usage.prompt_tokens > 3 and chat.usage.completion_tokens == 12
+        assert chat.choices[0].message.content
+    finally:
+        assert stop_server(proc) == 0, proc.log()
+    assert "Traceback" not in proc.log()

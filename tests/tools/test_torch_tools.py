@@ -39,7 +39,8 @@ def test_bench_in_process_and_evaluate_on_torch(
     )  # fmt: skip
     assert code == 0, err
     bench = json.loads((tmp_path / "b" / "report.json").read_text())
-    assert "torch" in json.dumps(bench)  # the runtime is named in the report
+    assert bench["settings"]["backend"] == "torch" and "torch" in bench["settings"]["runtime"]
+    assert bench["settings"]["exactness"] == "batch-invariant"
     code, _, err = run_cli(
         capfd, "evaluate", *model_args(tiny_models), *TORCH, "--output-dir", str(tmp_path / "e"),
         "--workload", "qa", "--limit", "1", "--max-tokens", "16", "--draft-lengths", "2",

@@ -197,6 +197,12 @@ class ModelRuntime(ABC, Generic[LogitsT]):
     def synchronize(self) -> None:
         """Wait until the last ``decode`` has finished on the device (for timing it)."""
 
+    def last_decode_seconds(self) -> float | None:
+        """How long the last ``decode`` took where it ran, if the runtime measures that itself (a device
+        runtime returns before its work is done; read after its results were used); None: the caller's
+        wall clock around ``decode`` is the measure."""
+        return None
+
     @abstractmethod
     def truncate(self, seq_id: int, length: int) -> None:
         """Forget positions ``>= length`` of a sequence (rollback of rejected draft tokens)."""

@@ -45,9 +45,15 @@ class DraftModelDrafter(Drafter):
     name = "draft-model"
     uses_model = True
 
-    def __init__(self, runtime: ModelRuntime[Any], p_min: float = 0.6) -> None:
+    def __init__(
+        self, runtime: ModelRuntime[Any], p_min: float = 0.6, target_vocab_size: int | None = None
+    ) -> None:
         self.runtime = runtime
         self.p_min = p_min
+        self.target_vocab_size = target_vocab_size or runtime.info.vocab_size
+        """The target's logits width (vocabularies may differ by padding, e.g. Qwen2.5-7B's 152064 rows
+        against 0.5B's 151936): draft probabilities are given at that width, and an id the target does
+        not have is never proposed."""
         self._left: dict[int, list[int]] = {}
         """Tokens whose draft KV a finished request left in each slot (the draft side of prefix caching:
         the next request in that slot starts from the common prefix)."""
@@ -94,7 +100,9 @@ class DraftModelDrafter(Drafter):
             logits = self.runtime.decode(chunks)
             still: list[int] = []
             # A device runtime's rows come to the host here: the chain is sequential per token anyway.
-            host_rows = to_host(logits.rows)
+            # Only the ids the target has: the draft then samples from a distribution over the target's
+            # vocabulary, which is what lossless verification needs (padding rows differ between sizes).
+            host_rows = to_host(logits.rows)[:, : self.target_vocab_size]
             for j, i in enumerate(active):
                 rows = host_rows[logits.offsets[j] : logits.offsets[j + 1]]
                 seq, state = seqs[i], self._state(seqs[i])
@@ -112,7 +120,16 @@ class DraftModelDrafter(Drafter):
                 DecodeChunk(seqs[i].slot, [drafts[i][-1]], seqs[i].num_tokens + len(drafts[i]) - 1, 1)
                 for i in active
             ]
-        return [Proposal(d, np.stack(p) if p else None) for d, p in zip(drafts, probs, strict=True)]
+        return [Proposal(d, self._at_target_width(p)) for d, p in zip(drafts, probs, strict=True)]
+
+    def _at_target_width(
+        self, probs: list[npt.NDArray[np.float64]]
+    ) -> npt.NDArray[np.float64] | None:  # [k, target vocab] float64
+        """The draft's distributions at the target's width: ids only the target has get probability 0."""
+        if not probs:
+            return None
+        stacked = np.stack(probs)
+        return np.pad(stacked, ((0, 0), (0, self.target_vocab_size - stacked.shape[1])))
 
     def _reuse_leftover(self, seq: Sequence, state: _DraftState) -> None:
         """Keep the longest common prefix of what the slot holds (at least one token stays to evaluate)."""
@@ -163,4 +180,6 @@ class DraftModelDrafter(Drafter):
 def build(context: DrafterContext) -> Drafter:
     if context.draft_runtime is None:
         raise DrafterError("the draft-model drafter needs a draft model (--draft), and none is loaded")
-    return DraftModelDrafter(context.draft_runtime, p_min=context.draft_p_min)
+    return DraftModelDrafter(
+        context.draft_runtime, p_min=context.draft_p_min, target_vocab_size=context.target_vocab_size
+    )

@@ -25,6 +25,8 @@ class DrafterContext:
     draft_runtime: ModelRuntime[Any] | None = None
     ngram_min_n: int = 2
     draft_p_min: float = 0.6
+    target_vocab_size: int | None = None
+    """Rows of the target's logits: a draft model of another width proposes only ids the target has."""
 
 
 DrafterFactory = Callable[[DrafterContext], Drafter]

@@ -147,6 +147,9 @@ def load_models(settings: Settings, calibrate_costs: bool = True, keep_draft: bo
             report.notes.append(
                 f"exact mode capped at {info.max_verify_tokens}-row calls: {info.exactness_note}"
             )
+        elif settings.exact and target.info.exactness == "off":  # asked for, and not proved at load
+            report.degraded = True
+            report.notes.append(f"exact mode is off: {target.info.exactness_note}")
         calib_dir = store.cache_dir / "calibration" if settings.calibration_cache else None
         key = calibration_key(settings, target)
 
@@ -157,7 +160,7 @@ def load_models(settings: Settings, calibrate_costs: bool = True, keep_draft: bo
         if _wants_draft(settings, keep_draft):
             max_k = min(settings.num_draft_tokens, target.info.max_verify_tokens - 1)
             draft = _load_draft(settings, store, target_path, costs, report, measure, keep_draft, max_k)
-        drafters = build_drafters(settings, draft)
+        drafters = build_drafters(settings, draft, target.info.vocab_size)
     except BaseException:
         for runtime in (draft, target):
             if runtime is not None:
@@ -168,9 +171,11 @@ def load_models(settings: Settings, calibrate_costs: bool = True, keep_draft: bo
     return LoadedModels(settings, target, draft, costs, drafters, report)
 
 
-def build_drafters(settings: Settings, draft: Runtime | None) -> dict[str, Drafter]:
+def build_drafters(
+    settings: Settings, draft: Runtime | None, target_vocab_size: int | None = None
+) -> dict[str, Drafter]:
     """Every drafter the loaded models allow: n-gram always, the draft model when one is loaded."""
-    context = DrafterContext(draft, settings.ngram_min_n, settings.draft_p_min)
+    context = DrafterContext(draft, settings.ngram_min_n, settings.draft_p_min, target_vocab_size)
     names: list[DrafterName] = ["ngram"] if draft is None else ["ngram", "draft-model"]
     return {name: build_drafter(name, context) for name in names}
 
@@ -226,10 +231,12 @@ def cuda_visible() -> bool:
 
 
 def resolve_backend(settings: Settings, path: str) -> str:
-    """``auto``: torch for a checkpoint directory or where a CUDA GPU is visible, llama.cpp otherwise."""
+    """``auto``: torch for a checkpoint directory, for ``--device cuda`` or where a CUDA GPU is visible;
+    llama.cpp otherwise."""
     if settings.backend != "auto":
         return settings.backend
-    return "torch" if Path(path).is_dir() or cuda_visible() else "llama.cpp"
+    wants_torch = Path(path).is_dir() or settings.device == "cuda" or cuda_visible()
+    return "torch" if wants_torch else "llama.cpp"
 
 
 def resolve_device(settings: Settings) -> str:

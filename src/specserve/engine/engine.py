@@ -86,6 +86,7 @@ class SpeculativeEngine:
         self.drafting = Drafting(self.drafters, policy, target.info, self.stats)
         self._texts: dict[str, OutputText] = {}
         self._step_tokens = 0  # rows of the step's target pass (its cost is observed after verification)
+        self._step_seconds = 0.0
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -161,11 +162,10 @@ class SpeculativeEngine:
             return []
         plans = self.drafting.plan(batch.decodes, [n for _, n in batch.prefills], self.options)
         proposals = self.drafting.propose(batch.decodes, plans)
-        started = time.perf_counter()
         logits = self._evaluate(batch.prefills, batch.decodes, proposals)
         emitting = self._emitting(batch.prefills, batch.decodes, plans, proposals)
         emitted = self._verify(emitting, logits)
-        self._account(batch.prefills, batch.decodes, time.perf_counter() - started)
+        self._account(batch.prefills, batch.decodes)
         outputs = [
             self._isolated(e.seq, self._commit_step, e, tokens)
             for e, tokens in zip(emitting, emitted, strict=True)
@@ -199,14 +199,19 @@ class SpeculativeEngine:
             verify = [seq.tokens[-1], *proposal.token_ids]
             chunks.append(DecodeChunk(seq.slot, verify, seq.num_computed, len(verify)))
         self._step_tokens = sum(len(c.tokens) for c in chunks)
+        start = time.perf_counter()
         logits = self.target.decode(chunks)
+        self._step_seconds = time.perf_counter() - start
         for seq, n in prefills:
             seq.num_computed += n
         return logits
 
-    def _account(self, prefills: list[tuple[Sequence, int]], decodes: list[Sequence], elapsed: float) -> None:
-        """The target pass's measured cost, from decode to verified ids: a device runtime returns from
-        ``decode`` before its work is done, and the verifier's one transfer is where the host waits for it."""
+    def _account(self, prefills: list[tuple[Sequence, int]], decodes: list[Sequence]) -> None:
+        """The target pass's cost into the cost model and the stats, once the step's ids are verified: a
+        device runtime times its own work (it returns from ``decode`` before that work is done, and its
+        verifier's one transfer is where the host waits), a host runtime is timed around ``decode``."""
+        device_seconds = self.target.last_decode_seconds()
+        elapsed = self._step_seconds if device_seconds is None else device_seconds
         if not prefills:
             self.costs.target.observe(self._step_tokens, elapsed)
         self.stats.verify_seconds += elapsed

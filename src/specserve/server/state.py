@@ -30,11 +30,14 @@ EngineFactory = Callable[[Settings], SpeculativeEngine | tuple[SpeculativeEngine
 
 
 def served_model_id(settings: Settings) -> str:
-    """The model name clients use: --served-model-name, else the target's catalog name or file stem."""
+    """The model name clients use: --served-model-name, else the target's catalog name, file stem or
+    checkpoint directory name (``/models/Qwen2.5-7B-Instruct/`` → ``Qwen2.5-7B-Instruct``)."""
     if settings.served_model_name:
         return settings.served_model_name
     target = settings.target
-    return Path(target).stem if target.endswith(".gguf") else target
+    if target.endswith(".gguf"):
+        return Path(target).stem
+    return Path(target).name if Path(target).is_dir() else target
 
 
 class ServerState:

@@ -8,7 +8,8 @@ greedy agreement, and for one-hot drafts the rejection test of verify/rejection.
 ``draft_probs``, when ``u * draft_probs(x) < target_probs(x)``. Each request emits its accepted prefix and
 the target choice where it stopped, except that a draft-probs request rejected where its residual
 ``max(target_probs - draft_probs, 0)`` has mass emits a token drawn from that residual. The outcome equals
-:class:`~specserve.verify.host.HostVerifier`'s token for token.
+:class:`~specserve.verify.host.HostVerifier`'s token for token (greedy exactly; sampled up to a uniform
+landing within float64 rounding of a cumulative boundary, as torch and numpy sum in different orders).
 
 The host builds the step's small index and knob arrays in one loop over the requests and sends them in one
 copy per dtype; the emitted ids come back in one copy at the end.

@@ -28,8 +28,9 @@ def generate(capfd: pytest.CaptureFixture[str], *flags: str) -> dict[str, object
 def test_checkpoint_dir_target_equals_its_gguf(capfd: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     checkpoint = write_tiny_hf_checkpoint(tmp_path / "qwen2", "qwen2")
     gguf_path = hf_to_gguf(checkpoint, tmp_path / "qwen2.gguf")
-    from_dir = generate(capfd, "--target", str(checkpoint))
-    from_gguf = generate(capfd, "--target", str(gguf_path), "--backend", "torch", "--device", "cpu")
+    same = ("--device", "cpu", "--dtype", "float32")
+    from_dir = generate(capfd, "--target", str(checkpoint), *same)  # --backend auto: torch for a directory
+    from_gguf = generate(capfd, "--target", str(gguf_path), "--backend", "torch", *same)
     assert from_dir["token_ids"] == from_gguf["token_ids"]
     assert len(from_dir["token_ids"]) == 24  # type: ignore[arg-type]
 

@@ -28,19 +28,28 @@ def test_exact_mode_is_proved_at_load(runtime: TorchRuntime) -> None:
     assert info.logits_device == "torch:cpu" and info.vocab_size == runtime.config.vocab_size
 
 
+@pytest.mark.parametrize("context", [30, 60, 124])
 def test_a_row_is_the_same_bits_alone_in_a_verify_chunk_and_beside_other_sequences(
-    runtime: TorchRuntime,
+    runtime: TorchRuntime, context: int
 ) -> None:
-    ids = runtime.tokenize(TEXT)
+    """Verify rows at positions 30-36, and across the key-length buckets at 64 and 128."""
+    ids = (runtime.tokenize(TEXT) * 2)[: context + 7]
     for slot in range(3):
         runtime.free(slot)
-    runtime.decode([DecodeChunk(0, ids[:30], 0, 0)])
-    verify = runtime.decode([DecodeChunk(0, ids[30:37], 30, 7)])[0].clone()
-    runtime.truncate(0, 30)
-    alone = [runtime.decode([DecodeChunk(0, [t], 30 + i, 1)])[0][0].clone() for i, t in enumerate(ids[30:37])]
-    runtime.truncate(0, 30)
+    runtime.decode([DecodeChunk(0, ids[:context], 0, 0)])
+    verify = runtime.decode([DecodeChunk(0, ids[context:], context, 7)])[0].clone()
+    runtime.truncate(0, context)
+    alone = [
+        runtime.decode([DecodeChunk(0, [t], context + i, 1)])[0][0].clone()
+        for i, t in enumerate(ids[context:])
+    ]
+    runtime.truncate(0, context)
     crowded = runtime.decode(
-        [DecodeChunk(1, ids[:50], 0, 1), DecodeChunk(0, ids[30:37], 30, 7), DecodeChunk(2, ids[5:9], 0, 4)]
+        [
+            DecodeChunk(1, ids[:50], 0, 1),
+            DecodeChunk(0, ids[context:], context, 7),
+            DecodeChunk(2, ids[5:9], 0, 4),
+        ]
     )[1]
     for i in range(7):
         assert torch.equal(verify[i], alone[i]) and torch.equal(verify[i], crowded[i])
@@ -61,6 +70,8 @@ def test_kv_truncate_copy_save_load(runtime: TorchRuntime) -> None:
 
     blob = runtime.save_sequence(0)
     assert blob is not None
+    kv_bytes = 25 * runtime.info.kv_bytes_per_token
+    assert kv_bytes <= len(blob) < kv_bytes + 4096  # the slot's KV, not the whole cache
     runtime.free(2)
     assert runtime.load_sequence(2, blob) == 25
     runtime.truncate(2, 20)
@@ -77,7 +88,52 @@ def test_bad_calls_raise_decode_errors(runtime: TorchRuntime) -> None:
         runtime.decode([DecodeChunk(0, [1], 5, 1)])
     with pytest.raises(DecodeError, match="slot"):
         runtime.decode([DecodeChunk(7, [1], 0, 1)])
-    assert runtime.kv_positions(0) == 0  # a refused call writes nothing
+    with pytest.raises(DecodeError, match="token id"):
+        runtime.decode([DecodeChunk(0, [1, runtime.info.vocab_size], 0, 1)])
+    runtime.decode([DecodeChunk(0, [1, 2, 3], 0, 1)])
+    with pytest.raises(DecodeError, match="overwrite"):
+        runtime.decode([DecodeChunk(0, [1], 1, 1)])
+    runtime.free(0)
+    assert runtime.kv_positions(0) == 0
+
+
+def test_long_chunks_run_in_pieces_beside_short_ones(tiny_models: TinyModels) -> None:
+    """A chunk longer than one pass (a long prompt, a draft model's catch-up) runs in pieces of its own,
+    the short chunks together: the same logits as each chunk alone, and call_rows says so."""
+    runtime = TorchRuntime(
+        tiny_models.target, context_per_sequence=1200, max_sequences=2, n_threads=1, dtype="float32"
+    )
+    try:
+        ids = (runtime.tokenize(TEXT) * 20)[:700]
+        assert runtime.call_rows([3, 700]) == [3, 512, 188]
+        both = runtime.decode([DecodeChunk(0, ids[:3], 0, 3), DecodeChunk(1, ids, 0, 2)])
+        assert both.offsets == (0, 3, 5)
+        runtime.free(0)
+        runtime.free(1)
+        alone = runtime.decode([DecodeChunk(1, ids, 0, 2)])[0]
+        short = runtime.decode([DecodeChunk(0, ids[:3], 0, 3)])[0]
+        assert (both[1] - alone).abs().max().item() < 1e-4
+        assert (both[0] - short).abs().max().item() < 1e-4
+    finally:
+        runtime.close()
+
+
+def test_a_failed_self_check_turns_exact_mode_off_and_says_why(
+    tiny_models: TinyModels, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from specserve.backends import invariance
+    from specserve.backends.torch import runtime as runtime_module
+
+    failed = invariance.InvarianceResult(rows=16, max_abs_diff=1e-6, first_mismatch=4)
+    monkeypatch.setattr(runtime_module, "check_batch_invariance", lambda _runtime: failed)
+    runtime = TorchRuntime(tiny_models.target, context_per_sequence=64, n_threads=1)
+    try:
+        assert runtime.info.exactness == "off" and not runtime.info.exact
+        assert "self-check failed: row 4" in runtime.info.exactness_note
+        assert not runtime.kernels.invariant
+    finally:
+        runtime.close()
+    assert runtime.kv_positions(0) == 0  # a closed runtime's bookkeeping still answers
 
 
 def test_closed_runtime_refuses_to_decode(tiny_models: TinyModels) -> None:
@@ -126,8 +182,15 @@ def test_cuda_graph_layout_gives_the_eager_logits(tiny_models: TinyModels) -> No
         # Warming at load: batches 1, 2, 4 (3 slots) x verify chunks 1..8 rows (B x T <= 64), no KV kept.
         for slot in range(3):
             padded.free(slot)
-        assert padded.graphs.warm(3, 8) == 3 + 12 - 1  # the (1, 1, 256) bucket existed already
+        # 12 buckets, of which (2, 8, 256) existed already (the steps above used (1, 32), (2, 8), (4, 16)).
+        assert padded.graphs.warm(3, 8) == 3 + 12 - 1
         assert all(padded.kv_positions(slot) == 0 for slot in range(3))
+        # A bucket replayed with other content than it was first run with:
+        for slot in range(3):
+            eager.free(slot)
+        again = [DecodeChunk(0, ids[:7], 0, 7), DecodeChunk(1, ids[7:9], 0, 2)]
+        a, b = eager.decode(again), padded.decode(again)
+        assert (a.rows - b.rows).abs().max().item() < 1e-5 and len(padded.graphs.graphs) == 14
     finally:
         eager.close()
         padded.close()

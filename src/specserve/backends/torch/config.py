@@ -132,8 +132,11 @@ def from_gguf_metadata(meta: Mapping[str, Any], tensor_names: set[str], vocab_si
     heads = int(key("attention.head_count"))
     hidden = int(key("embedding_length"))
     scaling = None
-    if meta.get(f"{arch}.rope.scaling.type") == "linear":
+    kind = meta.get(f"{arch}.rope.scaling.type", "none")
+    if kind == "linear":
         scaling = RopeScaling("linear", float(key("rope.scaling.factor")))
+    elif kind not in ("none", None):  # YaRN and others: llama.cpp would apply them, so refuse, not ignore
+        raise UnsupportedModelError(f"GGUF RoPE scaling {kind!r} is not supported by the torch runtime")
     return DecoderConfig(
         family=arch,
         vocab_size=vocab_size,

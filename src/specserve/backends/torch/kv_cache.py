@@ -44,8 +44,8 @@ class KVCache:
         return 2 * self.k.numel() * self.k.element_size()
 
     def wrote(self, slot: int, end: int) -> None:
-        """A decode wrote positions up to ``end`` of ``slot`` (contiguously from its current length)."""
-        self.lengths[slot] = max(self.lengths[slot], end)
+        """A decode appended positions up to ``end`` of ``slot`` (it started at the slot's length)."""
+        self.lengths[slot] = end
 
     def truncate(self, slot: int, length: int) -> None:
         self.lengths[slot] = min(self.lengths[slot], max(0, length))
@@ -64,8 +64,15 @@ class KVCache:
         """The slot's K and V up to its length, serialized (for the prefix cache's host tier)."""
         n = self.lengths[slot]
         buffer = io.BytesIO()
-        torch.save({"k": self.k[:, slot, :n].cpu(), "v": self.v[:, slot, :n].cpu()}, buffer)
+        # A compact copy: torch.save of a view writes its whole storage (the entire cache, on a CPU).
+        k, v = (t[:, slot, :n].to("cpu", copy=True).contiguous() for t in (self.k, self.v))
+        torch.save({"k": k, "v": v}, buffer)
         return buffer.getvalue()
+
+    def release(self) -> None:
+        """Give the memory back; the bookkeeping stays readable (a closed runtime holds nothing)."""
+        self.k = self.v = torch.empty(0)
+        self.lengths = [0] * self.num_slots
 
     def load(self, slot: int, blob: bytes) -> int:
         """Restore a saved slot; 0 if the blob does not fit this cache (another model or dtype)."""

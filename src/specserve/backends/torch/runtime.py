@@ -44,6 +44,11 @@ TILE_ROWS = {"cpu": 8, "cuda": 32}
 """Rows of every batch-invariant kernel call: where one call costs about what one row costs (a CPU's fp32
 matrix product is memory-bound up to ~8 rows, a GPU's bf16 one well past 32)."""
 
+SHORT_CHUNK_ROWS = 32
+"""Chunks of at most this many rows (decode and verify) share one forward pass."""
+MAX_CALL_ROWS = 512
+"""Rows of one forward pass over a long chunk: bounds the attention scores and activations it holds."""
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -54,7 +59,9 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name != "auto":
         return DTYPES[name]
     if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        # Not emulated bf16 (a V100 or T4 "supports" it several times slower than fp16).
+        native = torch.cuda.is_bf16_supported(including_emulation=False)
+        return torch.bfloat16 if native else torch.float16
     return torch.bfloat16 if cpu_has_bf16() else torch.float32
 
 
@@ -134,13 +141,14 @@ class TorchRuntime(ModelRuntime[torch.Tensor]):
             * self.dtype.itemsize,
             logits_device=f"torch:{self.device.type}",
         )
-        use_graphs = cuda_graphs and self.device.type == "cuda" and not exact
-        self.graphs = GraphRunner(self.model, self.cache, self.kernels) if use_graphs else None
-        if self.graphs is not None:  # the decode and verify shapes the engine uses, captured now
-            with torch.inference_mode():
-                log.info("%d CUDA graphs captured", self.graphs.warm(max_sequences, graph_tokens))
+        self.graphs: GraphRunner | None = None
+        self._events: tuple[Any, Any] | None = None  # CUDA events around the last decode
         if exact and self_check:
             self._prove_invariance()
+        if cuda_graphs and self.device.type == "cuda" and not self.kernels.invariant:
+            self.graphs = GraphRunner(self.model, self.cache, self.kernels)
+            with torch.inference_mode():  # the decode and verify shapes the engine uses, captured now
+                log.info("%d CUDA graphs captured", self.graphs.warm(max_sequences, graph_tokens))
 
     def _prove_invariance(self) -> None:
         result = check_batch_invariance(self)
@@ -158,28 +166,83 @@ class TorchRuntime(ModelRuntime[torch.Tensor]):
         if self._closed:
             raise DecodeError(f"{self._path.name}: the runtime is closed")
         self._check(chunks)
-        offsets = row_offsets([c.num_logits for c in chunks])
-        padding = None if self.graphs is None or self.capture_layers else self.graphs.padding_for(chunks)
+        calls = self._pack([len(c.tokens) for c in chunks])
+        if self.device.type == "cuda":
+            self._events = (_timing_event(), _timing_event())
+            self._events[0].record()
+        logits: list[list[torch.Tensor]] = [[] for _ in chunks]
+        hidden: list[list[torch.Tensor]] = [[] for _ in chunks]
         with torch.inference_mode():
-            if self.graphs is not None and padding is not None:
-                logits, hidden = self.graphs.run(chunks, padding), None
-            else:
-                step = build_step(
-                    chunks,
-                    self.device,
-                    max_positions=self.cache.positions,
-                    scratch_slot=self.cache.scratch_slot,
-                    invariant=self.kernels.invariant,
-                )
-                logits, hidden = self.model(step, self.cache, self.kernels, self.capture_layers)
-        for c in chunks:
-            self.cache.wrote(c.seq_id, c.start_pos + len(c.tokens))
-        self.hidden = (
-            None if hidden is None else StepLogits(hidden, row_offsets([len(c.tokens) for c in chunks]))
-        )
-        return StepLogits(logits, offsets)
+            for call in calls:
+                pieces = [_piece(chunks[index], lo, hi) for index, lo, hi in call]
+                call_logits, call_hidden = self._forward(pieces)
+                whole_step = call_logits.rows  # the rows in chunk order when the step is one pass
+                for (index, _, _), rows in zip(call, call_logits, strict=True):
+                    logits[index].append(rows)
+                for (index, _, _), rows in zip(call, call_hidden or [], strict=False):
+                    hidden[index].append(rows)
+                for piece in pieces:
+                    self.cache.wrote(piece.seq_id, piece.start_pos + len(piece.tokens))
+        if self._events is not None:
+            self._events[1].record()
+        offsets = row_offsets([c.num_logits for c in chunks])
+        rows = whole_step if len(calls) == 1 else _cat(logits)
+        self.hidden = None
+        if self.capture_layers:
+            self.hidden = StepLogits(_cat(hidden), row_offsets([len(c.tokens) for c in chunks]))
+        return StepLogits(rows, offsets)
+
+    def _forward(
+        self, pieces: list[DecodeChunk]
+    ) -> tuple[StepLogits[torch.Tensor], StepLogits[torch.Tensor] | None]:
+        """One forward pass over chunks that fit one call: their logits (and hidden rows) per chunk."""
+        padding = None if self.graphs is None or self.capture_layers else self.graphs.padding_for(pieces)
+        if self.graphs is not None and padding is not None:
+            rows, hidden = self.graphs.run(pieces, padding), None
+        else:
+            step = build_step(
+                pieces,
+                self.device,
+                max_positions=self.cache.positions,
+                scratch_slot=self.cache.scratch_slot,
+                invariant=self.kernels.invariant,
+            )
+            rows, hidden = self.model(step, self.cache, self.kernels, self.capture_layers)
+        logits = StepLogits(rows, row_offsets([p.num_logits for p in pieces]))
+        if hidden is None:
+            return logits, None
+        return logits, StepLogits(hidden, row_offsets([len(p.tokens) for p in pieces]))
+
+    def call_rows(self, chunk_rows: Sequence[int]) -> list[int]:
+        return [sum(hi - lo for _, lo, hi in call) for call in self._pack(chunk_rows)]
+
+    @staticmethod
+    def _pack(chunk_rows: Sequence[int]) -> list[list[tuple[int, int, int]]]:
+        """Forward passes for chunks of these sizes, as ``(chunk index, first row, end row)`` pieces: the
+        short chunks (decode and verify, at most :data:`SHORT_CHUNK_ROWS`) together in one pass, each
+        longer one (a prompt, a draft model's catch-up) alone, cut into pieces of at most
+        :data:`MAX_CALL_ROWS`. Batching a long chunk with short ones would pad every chunk to its length.
+
+        Example: ``[3, 5, 700]`` → ``[[(0, 0, 3), (1, 0, 5)], [(2, 0, 512)], [(2, 512, 700)]]``.
+        """
+        short = [(i, 0, n) for i, n in enumerate(chunk_rows) if n <= SHORT_CHUNK_ROWS]
+        calls = [short] if short else []
+        for i, n in enumerate(chunk_rows):
+            if n > SHORT_CHUNK_ROWS:
+                calls.extend([(i, lo, min(lo + MAX_CALL_ROWS, n))] for lo in range(0, n, MAX_CALL_ROWS))
+        return calls
+
+    def last_decode_seconds(self) -> float | None:
+        """The device time of the last ``decode`` (CUDA events; read once its results were used, so the
+        wait is over by then), or None on a CPU, where the caller's wall clock is the measure."""
+        if self._events is None:
+            return None
+        start, end = self._events
+        end.synchronize()
+        return float(start.elapsed_time(end)) / 1000.0
 
     def _check(self, chunks: Sequence[DecodeChunk]) -> None:
+        """Refuse, before anything runs, what would corrupt the cache or (on a GPU) the CUDA context."""
         seen = set()
         for c in chunks:
             if not 0 <= c.seq_id < self.cache.num_slots or c.seq_id in seen:
@@ -190,8 +253,14 @@ class TorchRuntime(ModelRuntime[torch.Tensor]):
                     f"the KV cache is full: sequence {c.seq_id} would reach {c.start_pos + len(c.tokens)} "
                     f"positions of {self.cache.positions}"
                 )
-            if c.start_pos > self.cache.lengths[c.seq_id]:
-                raise DecodeError(f"sequence {c.seq_id}: position {c.start_pos} leaves a gap in its KV")
+            if c.start_pos != self.cache.lengths[c.seq_id]:  # llama.cpp's rule: positions continue the KV
+                raise DecodeError(
+                    f"sequence {c.seq_id} holds {self.cache.lengths[c.seq_id]} positions; a chunk at "
+                    f"{c.start_pos} would leave a gap or overwrite (truncate first)"
+                )
+            if min(c.tokens) < 0 or max(c.tokens) >= self.info.vocab_size:
+                # On a GPU an out-of-range embedding index is a device-side assert that poisons the context.
+                raise DecodeError(f"sequence {c.seq_id}: a token id outside [0, {self.info.vocab_size})")
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -243,10 +312,29 @@ class TorchRuntime(ModelRuntime[torch.Tensor]):
             return
         self._closed = True
         self.graphs = None
+        self.hidden = None
         self.vocab.close()
-        del self.model, self.cache
+        self.cache.release()
+        del self.model
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _piece(chunk: DecodeChunk, lo: int, hi: int) -> DecodeChunk:
+    """Rows ``lo:hi`` of a chunk; a piece wants logits only where it holds the chunk's last tokens."""
+    if lo == 0 and hi == len(chunk.tokens):
+        return chunk
+    want = min(hi - lo, max(0, chunk.num_logits - (len(chunk.tokens) - hi)))
+    return DecodeChunk(chunk.seq_id, chunk.tokens[lo:hi], chunk.start_pos + lo, want)
+
+
+def _timing_event() -> Any:
+    return torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+
+
+def _cat(parts: list[list[torch.Tensor]]) -> torch.Tensor:
+    """Chunk after chunk, piece after piece, in one tensor."""
+    return torch.cat([piece for chunk in parts for piece in chunk])
 
 
 def _check_model(model: Decoder, dtype: torch.dtype, device: torch.device, positions: int) -> None:

@@ -105,15 +105,19 @@ def warm_shapes(runtime: TorchRuntime, rows: Sequence[int], positions: int) -> i
     positions = min(positions, runtime.cache.positions)
     before = len(runtime.graphs.graphs) if runtime.graphs is not None else 0
     runtime.free(0)
-    runtime.decode([DecodeChunk(0, context_tokens(runtime.config.vocab_size, positions), 0, 0)])
+    context = context_tokens(runtime.config.vocab_size, positions)
     ends = sorted({min(positions, 1 << b) for b in range(4, positions.bit_length() + 1)})
     for end in ends:  # a sequence ending at each power of two meets each key bucket
         for n in rows:
             start = end - n
             if start < 0:
                 continue
+            # A chunk must continue the slot's KV (the runtime's rule): cut it back, or fill it up, to start.
+            runtime.truncate(0, start)
+            held = runtime.kv_positions(0)
+            if held < start:
+                runtime.decode([DecodeChunk(0, context[held:start], held, 0)])
             runtime.decode([DecodeChunk(0, [1] * n, start, n)])
-            runtime.truncate(0, positions)
     runtime.synchronize()
     runtime.free(0)
     return (len(runtime.graphs.graphs) if runtime.graphs is not None else 0) - before
