@@ -149,3 +149,35 @@ def test_the_front_never_pulls_a_model_for_its_vocabulary(tmp_path: Path) -> Non
     gguf.write_bytes(b"GGUF")
     assert local_model(store, str(gguf)) == gguf
     assert not any((tmp_path / "store").glob("**/*.whl"))
+
+
+SYSTEM = A[:1]  # a system turn's block, shared by every chat
+
+
+def test_a_shared_system_prompt_does_not_steer_once_chats_diverge_after_it() -> None:
+    """Chat traffic: [system, user] blocks. The replica that saw the system turn first holds it; another
+    user went on from it with another block, so the match does not distinguish this request."""
+    this_user, other_user = A[1], B[0]
+    hashes = [SYSTEM[0], this_user]
+    holder, idle = Candidate("holder", set(SYSTEM), queue=1), Candidate("idle", set(), queue=0)
+    assert affinity_choice(hashes, [holder, idle], threshold=4) == ["holder"]  # without history: steers
+    followers = {SYSTEM[0]: {other_user}}
+    assert affinity_choice(hashes, [holder, idle], threshold=4, followers=followers) == []
+    # It still breaks ties: with nothing running, the holder saves the shared prefill.
+    resting = Candidate("holder", set(SYSTEM), queue=0)
+    assert affinity_choice(hashes, [resting, idle], threshold=4, followers=followers) == ["holder"]
+
+
+def test_a_conversation_follows_its_own_history_and_a_long_document_keeps_its_replica() -> None:
+    holder, idle = Candidate("holder", set(A[:3]), queue=0), Candidate("idle", set(), queue=0)
+    # The next turn: the match ends where only this conversation went on (A[3] follows A[2]).
+    assert affinity_choice(A, [holder, idle], threshold=4, followers={A[2]: {A[3]}}) == ["holder"]
+    # ... within the imbalance bound: busy, it still gets the next turn.
+    busy = Candidate("holder", set(A[:3]), queue=3)
+    assert affinity_choice(A, [busy, idle], threshold=4, followers={A[2]: {A[3]}}) == ["holder"]
+    # A long shared document (3 of 4 blocks) others asked other questions about: its holder while idle.
+    assert affinity_choice(A, [holder, idle], threshold=4, followers={A[2]: {B[0]}}) == ["holder"]
+    assert affinity_choice(A, [busy, idle], threshold=4, followers={A[2]: {B[0]}}) == []
+    # The same prompt again: a whole match always steers.
+    full = Candidate("full", set(A), queue=0)
+    assert affinity_choice(A, [full, idle], threshold=4, followers={A[3]: {B[0]}}) == ["full"]

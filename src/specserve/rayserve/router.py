@@ -7,6 +7,16 @@ a replica holds is exactly how many prompt blocks it would not have to prefill â
 approximation. Between two stats reports, hashes routed to a replica count as held by it, so the second
 request of a conversation follows the first before the cache has reported anything.
 
+A match steers a request as far as it distinguishes it. Chat traffic shares its first blocks (the
+template's system turn, a few-shot header, a long document) and then goes separate ways: a match that ends
+exactly where earlier requests went another way is a prefix many requests share. Following it within the
+usual imbalance bound would send every chat to whichever replica saw the system prompt first (issue 20:
+20 of 20). So such a match only breaks ties: its holder is chosen while it is among the least busy
+replicas, and under load the others get requests, compute the shared part once, hold it too, and the
+holders share the traffic. A match that runs on into the request's own history (the next turn of a
+conversation) steers within the imbalance bound, as SGLang's router follows its cache above a
+``cache_threshold`` and balances otherwise.
+
 Load stays balanced: the best-matching replica is chosen only while its queue is at most
 ``imbalanced_threshold`` requests longer than the shortest; otherwise (and without a match) two random
 replicas are offered and Serve takes the one with the shorter queue (power of two choices). A call pinned to
@@ -15,9 +25,10 @@ a replica (admin broadcast, metrics collection) goes there and nowhere else.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import OrderedDict
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Collection, Container, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +45,7 @@ from specserve import rayserve
 from specserve.rayserve.asgi_bridge import HTTPCall
 
 RECENT_HASHES = 65536
-"""Hashes remembered from routing decisions not yet confirmed by a stats report."""
+"""Hashes remembered from routing decisions not yet confirmed by a stats report (and their followers)."""
 
 
 def _call_of(request: PendingRequest | None) -> HTTPCall | None:
@@ -54,10 +65,21 @@ class Candidate:
     """Requests it is serving or queueing (Serve's cached count; 0 when unknown)."""
 
 
-def affinity_choice(hashes: Sequence[int], candidates: Sequence[Candidate], threshold: int) -> list[str]:
+def affinity_choice(
+    hashes: Sequence[int],
+    candidates: Sequence[Candidate],
+    threshold: int,
+    followers: Mapping[int, Collection[int]] | None = None,
+) -> list[str]:
     """The replicas holding the deepest prefix of ``hashes`` (ties all listed: Serve then takes the one with
-    the shortest queue), or ``[]``: no replica holds any of it, or the best is more than ``threshold``
-    requests busier than the least busy replica."""
+    the shortest queue), or ``[]``: no replica holds any of it, or the best is busier than the least busy
+    replica by more than ``threshold`` requests â€” by more than none when the match is a shared prefix
+    (it ends where an earlier request went on with another block, per ``followers``).
+
+    Example: ``hashes = [s, u]`` (a system block, then this user's), a replica holding ``s`` with one
+    request running, an idle one, and ``followers[s] = {v}`` (another user went on from ``s``): ``[]``,
+    load decides. Without ``v`` (``u`` is where this conversation went before): the holder.
+    """
     best: list[Candidate] = []
     best_depth = 0
     for candidate in candidates:
@@ -69,8 +91,20 @@ def affinity_choice(hashes: Sequence[int], candidates: Sequence[Candidate], thre
                     best, best_depth = [], depth
                 best.append(candidate)
                 break
+    if _shared_prefix(hashes, best_depth, followers):
+        threshold = 0  # a shared prefix: it breaks ties, load decides
     least_busy = min((c.queue for c in candidates), default=0)
     return [c.replica for c in best if c.queue - least_busy <= threshold]
+
+
+def _shared_prefix(
+    hashes: Sequence[int], depth: int, followers: Mapping[int, Collection[int]] | None
+) -> bool:
+    """Whether the first ``depth`` blocks of ``hashes`` end where an earlier request went on with another
+    block than this one does (a prefix requests share, not this request's own history)."""
+    if followers is None or not 0 < depth < len(hashes):
+        return False
+    return any(h != hashes[depth] for h in followers.get(hashes[depth - 1], ()))
 
 
 class _Held:
@@ -89,6 +123,7 @@ class PrefixAffinityRouter(LocalityMixin, MultiplexMixin, RequestRouter):
     def initialize_state(self, imbalanced_threshold: int = 4, **_: Any) -> None:
         self.imbalanced_threshold = imbalanced_threshold
         self._recent: OrderedDict[int, ReplicaID] = OrderedDict()
+        self._followers: OrderedDict[int, set[int]] = OrderedDict()  # up to 2 next blocks seen per block
         self._reported: dict[ReplicaID, tuple[list[int], frozenset[int]]] = {}  # last report, as a set
         # Through the package: Serve ships this class by value, with copies of this module's globals.
         rayserve.ROUTERS.add(self)
@@ -113,7 +148,10 @@ class PrefixAffinityRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             )
             for r in candidate_replicas
         ]
-        chosen = affinity_choice(call.block_hashes, candidates, self.imbalanced_threshold)
+        # Which block follows which does not depend on where this request goes: known at once, so that
+        # requests arriving together already see each other diverge after their shared prefix.
+        self._note_followers(call.block_hashes)
+        chosen = affinity_choice(call.block_hashes, candidates, self.imbalanced_threshold, self._followers)
         return [[by_id[c] for c in chosen], two] if chosen else [two]
 
     def _reported_by(self, replica: RunningReplica) -> frozenset[int]:
@@ -133,6 +171,15 @@ class PrefixAffinityRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             self._recent.move_to_end(h)
         while len(self._recent) > RECENT_HASHES:
             self._recent.popitem(last=False)
+
+    def _note_followers(self, hashes: Sequence[int]) -> None:
+        for h, following in itertools.pairwise(hashes):
+            seen = self._followers.setdefault(h, set())
+            if len(seen) < 2:  # two tell "others went elsewhere" from "only this way"
+                seen.add(following)
+            self._followers.move_to_end(h)
+        while len(self._followers) > RECENT_HASHES:
+            self._followers.popitem(last=False)
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
