@@ -95,6 +95,7 @@ def test_bad_calls_raise_decode_errors(runtime: TorchRuntime) -> None:
         runtime.decode([DecodeChunk(0, [1], 1, 1)])
     runtime.free(0)
     assert runtime.kv_positions(0) == 0
+    assert len(runtime.decode([])) == 0  # an empty step evaluates nothing
 
 
 def test_long_chunks_run_in_pieces_beside_short_ones(tiny_models: TinyModels) -> None:

@@ -166,6 +166,8 @@ class TorchRuntime(ModelRuntime[torch.Tensor]):
         if self._closed:
             raise DecodeError(f"{self._path.name}: the runtime is closed")
         self._check(chunks)
+        if not chunks:
+            return StepLogits(torch.empty(0, self.info.vocab_size, device=self.device), (0,))
         calls = self._pack([len(c.tokens) for c in chunks])
         if self.device.type == "cuda":
             self._events = (_timing_event(), _timing_event())
