@@ -32,6 +32,8 @@ import gguf
 import numpy as np
 import numpy.typing as npt
 
+from specserve.backends.torch.hf_vocab import byte_decoder
+
 __all__ = [
     "CHAT_TEMPLATE",
     "SPECIAL_TOKENS",
@@ -79,19 +81,7 @@ _MERGES_TEXT: tuple[tuple[str, str], ...] = (
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable unicode mapping (space is 'Ġ', newline is 'Ċ')."""
-    printable = [
-        *range(ord("!"), ord("~") + 1),
-        *range(ord("¡"), ord("¬") + 1),
-        *range(ord("®"), ord("ÿ") + 1),
-    ]
-    chars = list(printable)
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    return {b: chr(c) for b, c in zip(printable, chars, strict=True)}
+    return {byte: char for char, byte in byte_decoder().items()}
 
 
 @dataclass(frozen=True)

@@ -124,6 +124,18 @@ def row_offsets(rows_per_chunk: Sequence[int]) -> tuple[int, ...]:
     return tuple(itertools.accumulate(rows_per_chunk, initial=0))
 
 
+def chunk_piece(chunk: DecodeChunk, lo: int, hi: int) -> DecodeChunk:
+    """Rows ``lo:hi`` of a chunk, for a runtime that splits a long chunk over several calls; a piece wants
+    logits only where it holds the chunk's last tokens.
+
+    Example: a 10-token chunk wanting 2 logits → pieces ``0:8`` (0 logits) and ``8:10`` (2 logits).
+    """
+    if lo == 0 and hi == len(chunk.tokens):
+        return chunk
+    want = min(hi - lo, max(0, chunk.num_logits - (len(chunk.tokens) - hi)))
+    return DecodeChunk(chunk.seq_id, chunk.tokens[lo:hi], chunk.start_pos + lo, want)
+
+
 def to_host(rows: object) -> HostLogits:
     """Logits rows as a float32 numpy array on the host: numpy as it is, a tensor copied off its device.
 

@@ -44,6 +44,7 @@ from specserve.backends.base import (
     ModelRuntime,
     RuntimeInfo,
     StepLogits,
+    chunk_piece,
     row_offsets,
 )
 from specserve.backends.invariance import check_batch_invariance
@@ -191,7 +192,7 @@ class LlamaCppRuntime(VocabularyMethods, ModelRuntime[HostLogits]):
         if self._closed:  # llama.cpp would read freed memory
             raise DecodeError(f"{self._path.name}: the runtime is closed")
         calls = [
-            [(index, self._piece(chunks[index], lo, hi)) for index, lo, hi in call]
+            [(index, chunk_piece(chunks[index], lo, hi)) for index, lo, hi in call]
             for call in self._pack([len(c.tokens) for c in chunks])
         ]
         offsets = row_offsets([c.num_logits for c in chunks])
@@ -245,12 +246,6 @@ class LlamaCppRuntime(VocabularyMethods, ModelRuntime[HostLogits]):
         if current:
             calls.append(current)
         return calls
-
-    @staticmethod
-    def _piece(chunk: DecodeChunk, lo: int, hi: int) -> DecodeChunk:
-        """Rows ``lo:hi`` of a chunk; a piece wants logits only where it holds the chunk's last tokens."""
-        want = min(hi - lo, max(0, chunk.num_logits - (len(chunk.tokens) - hi)))
-        return DecodeChunk(chunk.seq_id, chunk.tokens[lo:hi], chunk.start_pos + lo, want)
 
     def _decode_one(self, chunks: Sequence[DecodeChunk]) -> HostLogits:
         """One llama_decode call; the logits rows asked for, in chunk order (a view of llama.cpp's buffer)."""

@@ -7,6 +7,7 @@ make one per configuration over the same runtimes.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -219,6 +220,7 @@ def open_runtime(path: str, settings: Settings, max_sequences: int, self_check: 
     )
 
 
+@functools.cache
 def cuda_visible() -> bool:
     """Whether torch is installed and sees a CUDA device (torch is imported only where a GPU exists)."""
     import importlib.util

@@ -150,22 +150,17 @@ def test_cuda_graph_layout_gives_the_eager_logits(tiny_models: TinyModels) -> No
     same logits as eager decoding, for one sequence and for a mixed batch."""
     from specserve.backends.torch.graphs import GraphRunner
 
-    eager = TorchRuntime(
-        tiny_models.target,
-        context_per_sequence=300,
-        max_sequences=3,
-        n_threads=1,
-        exact=False,
-        dtype="float32",
-    )
-    padded = TorchRuntime(
-        tiny_models.target,
-        context_per_sequence=300,
-        max_sequences=3,
-        n_threads=1,
-        exact=False,
-        dtype="float32",
-    )
+    def fast() -> TorchRuntime:
+        return TorchRuntime(
+            tiny_models.target,
+            context_per_sequence=300,
+            max_sequences=3,
+            n_threads=1,
+            exact=False,
+            dtype="float32",
+        )
+
+    eager, padded = fast(), fast()
     padded.graphs = GraphRunner(padded.model, padded.cache, padded.kernels, capture=False)
     ids = eager.tokenize(TEXT)
     steps = [

@@ -43,6 +43,12 @@ class KVCache:
     def nbytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()
 
+    @property
+    def bytes_per_token(self) -> int:
+        """K and V of every layer for one position of one sequence."""
+        layers, _, _, heads, head_dim = self.k.shape
+        return 2 * layers * heads * head_dim * self.k.element_size()
+
     def wrote(self, slot: int, end: int) -> None:
         """A decode appended positions up to ``end`` of ``slot`` (it started at the slot's length)."""
         self.lengths[slot] = end

@@ -141,7 +141,7 @@ def _explicit_attention(
     """Attention of one query row per batch entry, spelled out in two matrix products and a softmax.
 
     Not SDPA: the CPU's fused kernel vectorizes across batch entries, so a row's result depends on its
-    index in the batch (seen: entries 4-7 of 8 differ from the same row at entry 0).
+    index in the batch (seen on an AVX-512 CPU: the same row at another batch index gives other bits).
     """
     m, heads, head_dim = q.shape
     kv_heads = k.shape[2]

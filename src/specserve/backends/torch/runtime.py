@@ -29,6 +29,7 @@ from specserve.backends.base import (
     ModelRuntime,
     RuntimeInfo,
     StepLogits,
+    chunk_piece,
     row_offsets,
 )
 from specserve.backends.invariance import check_batch_invariance
@@ -134,11 +135,7 @@ class TorchRuntime(ModelRuntime[torch.Tensor]):
             n_threads=torch.get_num_threads() if self.device.type == "cpu" else 0,
             exact=exact,
             exactness="batch-invariant" if exact else "off",
-            kv_bytes_per_token=config.num_layers
-            * 2
-            * config.num_kv_heads
-            * config.head_dim
-            * self.dtype.itemsize,
+            kv_bytes_per_token=self.cache.bytes_per_token,
             logits_device=f"torch:{self.device.type}",
         )
         self.graphs: GraphRunner | None = None
@@ -176,7 +173,7 @@ class TorchRuntime(ModelRuntime[torch.Tensor]):
         hidden: list[list[torch.Tensor]] = [[] for _ in chunks]
         with torch.inference_mode():
             for call in calls:
-                pieces = [_piece(chunks[index], lo, hi) for index, lo, hi in call]
+                pieces = [chunk_piece(chunks[index], lo, hi) for index, lo, hi in call]
                 call_logits, call_hidden = self._forward(pieces)
                 whole_step = call_logits.rows  # the rows in chunk order when the step is one pass
                 for (index, _, _), rows in zip(call, call_logits, strict=True):
@@ -320,14 +317,6 @@ class TorchRuntime(ModelRuntime[torch.Tensor]):
         del self.model
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-
-
-def _piece(chunk: DecodeChunk, lo: int, hi: int) -> DecodeChunk:
-    """Rows ``lo:hi`` of a chunk; a piece wants logits only where it holds the chunk's last tokens."""
-    if lo == 0 and hi == len(chunk.tokens):
-        return chunk
-    want = min(hi - lo, max(0, chunk.num_logits - (len(chunk.tokens) - hi)))
-    return DecodeChunk(chunk.seq_id, chunk.tokens[lo:hi], chunk.start_pos + lo, want)
 
 
 def _timing_event() -> Any:
