@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),  # the base class of user mistakes
     ("config", "request", "logging", "models"),  # settings, sampling, model files
     ("sequence", "backends", "config_docs"),  # a request's state; the runtimes; the settings' docs
-    ("verify", "chat"),  # pure verifiers over arrays; prompts through a chat template
+    ("verify", "chat", "structured"),  # pure verifiers over arrays; prompts through a chat template; grammars
     ("drafters",),  # ways of guessing tokens
     ("engine",),  # the step, the scheduler, the draft policy, the prefix cache, the builder
     ("server",),  # the OpenAI HTTP API over one engine

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -22,8 +23,19 @@ class ChatTemplateError(UserError, ValueError):
     """The messages cannot be rendered (bad roles or contents, or a template error)."""
 
 
-def render_chat(runtime: Vocabulary, messages: Sequence[Mapping[str, Any]]) -> str:
-    """The prompt text for ``messages`` followed by the assistant's turn opener."""
+def tojson(value: Any, indent: int | None = None, **_: Any) -> str:
+    """transformers' ``tojson`` (plain JSON, non-ASCII kept: what the model saw in training), except that
+    ``<|`` is written ``\u003c|``: a tool description or argument cannot spell a control token (the template's
+    own text is tokenized with special tokens parsed)."""
+    return json.dumps(value, ensure_ascii=False, indent=indent).replace("<|", "\\u003c|")
+
+
+def render_chat(
+    runtime: Vocabulary,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None = None,
+) -> str:
+    """The prompt text for ``messages`` (and the ``tools`` offered), then the assistant turn opener."""
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -40,10 +52,12 @@ def render_chat(runtime: Vocabulary, messages: Sequence[Mapping[str, Any]]) -> s
         raise ChatTemplateError(message)
 
     env.globals["raise_exception"] = raise_exception
+    env.filters["tojson"] = tojson
     try:
         template = env.from_string(runtime.chat_template() or CHATML)
         return template.render(
             messages=[dict(m) for m in messages],
+            tools=[dict(t) for t in tools] if tools else None,
             add_generation_prompt=True,
             bos_token=runtime.special_token_text("bos"),
             eos_token=runtime.special_token_text("eos"),
@@ -56,7 +70,11 @@ def render_chat(runtime: Vocabulary, messages: Sequence[Mapping[str, Any]]) -> s
 _MARK = re.compile("\ue000([0-9]+)\ue001")
 
 
-def chat_prompt_ids(runtime: Vocabulary, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+def chat_prompt_ids(
+    runtime: Vocabulary,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None = None,
+) -> list[int]:
     """Token ids of the chat prompt: control tokens come from the template only.
 
     Tokenizing the rendered text with special-token parsing would turn a message that contains
@@ -66,9 +84,9 @@ def chat_prompt_ids(runtime: Vocabulary, messages: Sequence[Mapping[str, Any]]) 
     """
     marked = [{**m, "content": f"\ue000{i}\ue001"} for i, m in enumerate(messages)]
     for m, original in zip(marked, messages, strict=True):
-        if not isinstance(original.get("content"), str):
-            m["content"] = original.get("content")  # render_chat reports it
-    text = render_chat(runtime, marked)
+        if not isinstance(original.get("content"), str) or not original.get("content"):
+            m["content"] = original.get("content")  # render_chat reports a non-string; "" stays falsy
+    text = render_chat(runtime, marked, tools)
     bos = runtime.special_token_text("bos")
     add_bos = not (bos and text.startswith(bos))  # BOS once, unless the template wrote it
     ids: list[int] = []

@@ -20,6 +20,28 @@ ACCEPT_STREAM = 1  # the accept/reject coin of rejection sampling against draft-
 DRAFT_STREAM = 2  # the draft model sampling its own proposals
 
 
+MAX_LOGPROBS = 20
+"""The most alternatives per token a request may ask for (OpenAI's top_logprobs limit)."""
+
+GRAMMAR_KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """A structured-output constraint as the request gave it: ``kind`` and its text.
+
+    ``json_schema``: a JSON Schema (as JSON text); ``json_object``: any JSON object (text unused);
+    ``regex``: a regular expression; ``choice``: a JSON list of strings; ``grammar``: Lark or GBNF (EBNF).
+    """
+
+    kind: str
+    text: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in GRAMMAR_KINDS:
+            raise ValueError(f"grammar kind must be one of {', '.join(GRAMMAR_KINDS)}, got {self.kind!r}")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request samples. ``temperature == 0`` means greedy (argmax, no softmax)."""
@@ -40,6 +62,20 @@ class SamplingParams:
     """Stop strings; the output ends just before the first occurrence and excludes it."""
     ignore_eos: bool = False
     """Keep generating past end-of-generation tokens (benchmarks)."""
+    presence_penalty: float = 0.0
+    """Subtracted from the logit of every token already in the output (OpenAI's, in [-2, 2])."""
+    frequency_penalty: float = 0.0
+    """Subtracted from a token's logit once per occurrence in the output (OpenAI's, in [-2, 2])."""
+    repetition_penalty: float = 1.0
+    """vLLM's: a logit of a token in the prompt or output is divided by it if positive, multiplied if not."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias) pairs added to the raw logits (OpenAI's, bias in [-100, 100])."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Token ids that end the output like end-of-generation (not emitted)."""
+    logprobs: int | None = None
+    """Return each emitted token's log-probability and this many most likely alternatives; None: none."""
+    grammar: GrammarSpec | None = None
+    """Constrain the output to a grammar (structured outputs); None: free text."""
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.temperature) or self.temperature < 0:
@@ -56,6 +92,26 @@ class SamplingParams:
             raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and -2.0 <= value <= 2.0):
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+        if not (math.isfinite(self.repetition_penalty) and 0.01 <= self.repetition_penalty <= 10.0):
+            raise ValueError(f"repetition_penalty must be in [0.01, 10], got {self.repetition_penalty}")
+        if any(not (math.isfinite(b) and -100.0 <= b <= 100.0) for _, b in self.logit_bias):
+            raise ValueError("logit_bias values must be in [-100, 100]")
+        if self.logprobs is not None and not (0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+
+    @property
+    def penalized(self) -> bool:
+        """Some knob changes the raw logits before the target chooses (penalties or logit_bias)."""
+        return bool(
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
+            or self.logit_bias
+        )
 
     @property
     def greedy(self) -> bool:

@@ -62,6 +62,8 @@ class SpecStats(AcceptanceCounts):
     first_rejections: list[int] = field(default_factory=list)
     drafts_by_drafter: dict[str, int] = field(default_factory=dict)
     """Drafts per drafter name (for logs: which drafters a request used)."""
+    accepted_by_drafter: dict[str, int] = field(default_factory=dict)
+    """Accepted draft tokens per drafter name (e.g. the share of an output its grammar forced)."""
 
     def record(self, num_draft_tokens: int, num_accepted: int, drafter: str | None = None) -> None:
         super().record(num_draft_tokens, num_accepted)
@@ -69,6 +71,7 @@ class SpecStats(AcceptanceCounts):
             return
         if drafter is not None:
             self.drafts_by_drafter[drafter] = self.drafts_by_drafter.get(drafter, 0) + 1
+            self.accepted_by_drafter[drafter] = self.accepted_by_drafter.get(drafter, 0) + num_accepted
         if num_accepted < num_draft_tokens and len(self.first_rejections) < 32:
             self.first_rejections.append(num_accepted)
 
@@ -111,6 +114,10 @@ class Sequence:
     finish_reason: str | None = None
     stats: SpecStats = field(default_factory=SpecStats)
     drafter_state: dict[str, object] = field(default_factory=dict)
+    grammar: object | None = None
+    """The request's grammar state (``structured.grammar.GrammarState``) when its output is constrained."""
+    logprobs: list[object] = field(default_factory=list)
+    """Per emitted token, its log-probabilities (``verify.logprobs.TokenLogprobs``) when they were asked."""
     arrival_time: float = field(default_factory=time.perf_counter)
     scheduled_time: float | None = None
     """When the sequence got a KV slot (queue time = scheduled_time - arrival_time)."""

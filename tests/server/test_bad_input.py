@@ -14,6 +14,11 @@ COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 OK_CHAT = [{"role": "user", "content": "hi"}]
 
+
+def tool(name: str) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name}}
+
+
 # (name, path, body: JSON-able object or raw bytes, status, param named in the error or None)
 CASES: list[tuple[str, str, Any, int, str | None]] = [
     ("invalid json", COMPLETIONS, b'{"prompt": "x",', 400, None),
@@ -32,10 +37,18 @@ CASES: list[tuple[str, str, Any, int, str | None]] = [
     ("top_p 2", COMPLETIONS, {"prompt": "x", "top_p": 2}, 400, "top_p"),
     ("negative seed", COMPLETIONS, {"prompt": "x", "seed": -3}, 400, "seed"),
     ("stream not a bool", COMPLETIONS, {"prompt": "x", "stream": "yes"}, 400, "stream"),
-    ("n=2", COMPLETIONS, {"prompt": "x", "n": 2}, 400, "n"),
+    ("n=0", COMPLETIONS, {"prompt": "x", "n": 0}, 400, "n"),
+    ("n=17", COMPLETIONS, {"prompt": "x", "n": 17}, 400, "n"),
     ("too many stops", COMPLETIONS, {"prompt": "x", "stop": [str(i) for i in range(17)]}, 400, "stop"),
-    ("penalty set", COMPLETIONS, {"prompt": "x", "frequency_penalty": 0.5}, 400, "frequency_penalty"),
-    ("logit_bias set", COMPLETIONS, {"prompt": "x", "logit_bias": {"5": 10}}, 400, "logit_bias"),
+    ("penalty out of range", COMPLETIONS, {"prompt": "x", "frequency_penalty": 2.5}, 400,
+     "frequency_penalty"),
+    ("repetition_penalty 0", COMPLETIONS, {"prompt": "x", "repetition_penalty": 0}, 400,
+     "repetition_penalty"),
+    ("logit_bias key", COMPLETIONS, {"prompt": "x", "logit_bias": {"a": 10}}, 400, "logit_bias"),
+    ("logit_bias value", COMPLETIONS, {"prompt": "x", "logit_bias": {"5": 101}}, 400, "logit_bias"),
+    ("logit_bias id", COMPLETIONS, {"prompt": "x", "logit_bias": {"999999": 1}}, 400, None),
+    ("logprobs 21", COMPLETIONS, {"prompt": "x", "logprobs": 21}, 400, "logprobs"),
+    ("best_of 2", COMPLETIONS, {"prompt": "x", "best_of": 2}, 400, "best_of"),
     ("bad speculative", COMPLETIONS, {"prompt": "x", "speculative": {"num_draft_tokens": -1}}, 400,
      "speculative.num_draft_tokens"),
     ("unknown drafter", COMPLETIONS, {"prompt": "x", "speculative": {"drafter": "magic"}}, 400,
@@ -46,7 +59,12 @@ CASES: list[tuple[str, str, Any, int, str | None]] = [
     ("bad role", CHAT, {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role"),
     ("content of wrong type", CHAT, {"messages": [{"role": "user", "content": 3}]}, 400,
      "messages[0].content"),
-    ("chat n=2", CHAT, {"messages": OK_CHAT, "n": 2}, 400, "n"),
+    ("chat n=-1", CHAT, {"messages": OK_CHAT, "n": -1}, 400, "n"),
+    ("top_logprobs alone", CHAT, {"messages": OK_CHAT, "top_logprobs": 2}, 400, "top_logprobs"),
+    ("tool_choice without tools", CHAT, {"messages": OK_CHAT, "tool_choice": "required"}, 400, "tool_choice"),
+    ("bad tool name", CHAT, {"messages": OK_CHAT, "tools": [tool("a b")]}, 400, "tools[0].function.name"),
+    ("unknown named tool", CHAT, {"messages": OK_CHAT, "tools": [tool("f")],
+     "tool_choice": {"type": "function", "function": {"name": "g"}}}, 400, "tool_choice"),
     ("chat beyond context", CHAT, {"messages": OK_CHAT, "max_completion_tokens": 10**9}, 400,
      "max_completion_tokens"),
 ]  # fmt: skip

@@ -165,6 +165,8 @@ class Vocabulary(Protocol):
 
     def special_token_text(self, which: str) -> str: ...
 
+    def is_control(self, token_id: int) -> bool: ...
+
 
 class ModelRuntime(ABC, Generic[LogitsT]):
     """One model with a multi-sequence KV cache, returning logits of type ``LogitsT``."""
@@ -182,6 +184,10 @@ class ModelRuntime(ABC, Generic[LogitsT]):
     @abstractmethod
     def is_eog(self, token_id: int) -> bool:
         """Whether the token ends generation (EOS, EOT, <|im_end|> ...)."""
+
+    def is_control(self, token_id: int) -> bool:
+        """Whether the token is a control token (``<|im_start|>``), never part of generated text."""
+        return False
 
     @abstractmethod
     def chat_template(self) -> str | None:

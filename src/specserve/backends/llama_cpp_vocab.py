@@ -14,6 +14,8 @@ from typing import Any
 from specserve.backends.base import DecodeError, ModelLoadError
 from specserve.backends.llama_cpp_lib import llama_lib
 
+_ATTR_CONTROL = 8  # llama.cpp's LLAMA_TOKEN_ATTR_CONTROL
+
 
 class VocabularyMethods:
     """Tokenizer methods over ``self._lib`` (llama_cpp), ``self._model`` and ``self._vocab``."""
@@ -50,6 +52,9 @@ class VocabularyMethods:
             eog = bool(self._lib.llama_vocab_is_eog(self._vocab, token_id))
             self._eog_cache[token_id] = eog
         return eog
+
+    def is_control(self, token_id: int) -> bool:
+        return bool(self._lib.llama_vocab_get_attr(self._vocab, token_id) & _ATTR_CONTROL)
 
     def chat_template(self) -> str | None:
         raw = self._lib.llama_model_chat_template(self._model, None)

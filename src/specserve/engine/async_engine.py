@@ -85,6 +85,8 @@ class AsyncEngine:
         """The target's static facts (vocabulary size, context, exactness)."""
         self.vocabulary: Vocabulary = engine.target
         """Tokenizing and the chat template (any thread: llama.cpp's vocabulary is read-only)."""
+        self.grammars = engine.grammars
+        """Structured outputs' grammar compiler (thread-safe: the server compiles, the engine copies)."""
         self._commands: queue.Queue[_Command | None] = queue.Queue()
         self._in_flight = 0  # submitted and not finished; guarded by _lock
         self._lock = threading.Lock()

@@ -100,7 +100,9 @@ class LoadedModels:
             enabled = settings.drafter != "none"
         else:
             chosen_names = tuple(drafters)
-            chosen = {name: self.drafters[name] for name in chosen_names}
+            # "grammar" (forced tokens of constrained requests) is the engine's own, offered whenever
+            # speculation is on: naming it alone runs speculation with no other drafter.
+            chosen = {name: self.drafters[name] for name in chosen_names if name != "grammar"}
             enabled = bool(chosen_names)
         limit = settings.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
         return SpeculativeEngine(

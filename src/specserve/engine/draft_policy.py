@@ -30,6 +30,7 @@ PRIOR_ACCEPTANCE: dict[str, float] = {
     "match<=8": 0.65,
     "match<=16": 0.8,
     "match>16": 0.9,
+    "forced": 0.98,  # tokens a grammar allows as the only continuation
 }
 DEFAULT_PRIOR = 0.6
 _GLOBAL_PRIOR_WEIGHT = 4.0

@@ -12,6 +12,7 @@ import time
 
 from specserve.backends.base import RuntimeInfo
 from specserve.drafters.base import Drafter, DraftOption, Proposal
+from specserve.drafters.grammar import GrammarDrafter
 from specserve.engine.draft_policy import DraftLengthPolicy, DraftPlan
 from specserve.engine.options import EngineOptions
 from specserve.engine.stats import EngineStats
@@ -34,6 +35,8 @@ class Drafting:
         self.info = info
         self.stats = stats
         self._failures: dict[str, int] = {}
+        self.forced = GrammarDrafter()
+        """Offered beside the allowed drafters to every request with a grammar (drafters/grammar.py)."""
 
     def plan(self, seqs: list[Sequence], prefill_rows: list[int], options: EngineOptions) -> list[DraftPlan]:
         """Ask each allowed drafter what it could offer, then let the policy decide (0 tokens = plain)."""
@@ -41,6 +44,8 @@ class Drafting:
         for seq in seqs:
             allowed: dict[str, tuple[Drafter, DraftOption]] = {}
             limit = self._draft_limit(seq, options)
+            if seq.grammar is not None and limit > 0 and self._speculating(seq, options):
+                allowed[self.forced.name] = (self.forced, self.forced.available(seq, limit))  # first: surest
             for name in self._allowed_drafters(seq, options) if limit > 0 else ():
                 drafter = self.drafters[name]
                 allowed[name] = (drafter, drafter.available(seq, limit))
@@ -49,9 +54,14 @@ class Drafting:
             return [DraftPlan() for _ in seqs]
         return self.policy.plan(seqs, offers, prefill_rows)
 
+    @staticmethod
+    def _speculating(seq: Sequence, options: EngineOptions) -> bool:
+        spec = seq.speculation
+        return options.speculation_enabled and spec.enabled is not False and spec.drafter != "none"
+
     def _allowed_drafters(self, seq: Sequence, options: EngineOptions) -> tuple[str, ...]:
         spec = seq.speculation
-        if not options.speculation_enabled or spec.enabled is False or spec.drafter == "none":
+        if not self._speculating(seq, options):
             return ()
         names = options.drafters if spec.drafter in (None, "auto") else (spec.drafter,)
         return tuple(n for n in names if n in self.drafters)
@@ -69,11 +79,13 @@ class Drafting:
         """Run each chosen drafter once over all its sequences; a failing drafter means plain steps."""
         proposals = [Proposal([]) for _ in seqs]
         by_drafter: dict[str, list[int]] = {}
+        chosen: dict[str, Drafter] = {}
         for i, plan in enumerate(plans):
             if plan.drafter is not None and plan.num_tokens > 0:
                 by_drafter.setdefault(plan.drafter.name, []).append(i)
+                chosen[plan.drafter.name] = plan.drafter
         for name, idx in by_drafter.items():
-            drafter = self.drafters[name]
+            drafter = chosen[name]
             start = time.perf_counter()
             try:
                 got = drafter.propose([seqs[i] for i in idx], [plans[i].num_tokens for i in idx])
@@ -92,7 +104,7 @@ class Drafting:
         self._failures[name] = self._failures.get(name, 0) + 1
         self.stats.drafter_failures += 1
         log.warning("drafter %s failed (%s); %d requests continue without it", name, exc, len(seqs))
-        drafter = self.drafters[name]
+        drafter = self.forced if name == self.forced.name else self.drafters[name]
         for seq in seqs:
             try:
                 drafter.release(seq)

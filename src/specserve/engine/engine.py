@@ -27,7 +27,10 @@ from specserve.engine.scheduler import Scheduler
 from specserve.engine.stats import EngineStats
 from specserve.request import ACCEPT_STREAM, SAMPLE_STREAM, PositionalUniforms, SamplingParams
 from specserve.sequence import Sequence, SequenceStatus, SpeculationOptions
+from specserve.structured.grammar import GrammarCompiler, GrammarState
 from specserve.verify import Verifier, VerifyRequest, verifier_for
+from specserve.verify.adjust import build_adjustment
+from specserve.verify.logprobs import TokenLogprobs, token_logprobs
 
 log = logging.getLogger("specserve.engine")
 
@@ -52,6 +55,8 @@ class RequestOutput:
     new_token_ids: list[int]
     text_delta: str
     finished: bool
+    new_logprobs: list[TokenLogprobs] = dataclasses.field(default_factory=list)
+    """The new tokens' log-probabilities, when the request asked for them."""
 
     @property
     def request_id(self) -> str:
@@ -84,6 +89,8 @@ class SpeculativeEngine:
         self.scheduler = Scheduler(target.info.max_sequences, prefill_budget, admit)
         self.stats = EngineStats()
         self.drafting = Drafting(self.drafters, policy, target.info, self.stats)
+        self.grammars = GrammarCompiler(target, target.info.vocab_size)
+        """Structured outputs' grammars for this target (llguidance loads on the first one)."""
         self._texts: dict[str, OutputText] = {}
         self._step_tokens = 0  # rows of the step's target pass (its cost is observed after verification)
         self._step_seconds = 0.0
@@ -105,8 +112,15 @@ class SpeculativeEngine:
             raise ValueError(f"the prompt has {len(prompt_ids)} tokens; the context holds {context}")
         if self.scheduler.find(request_id) is not None:
             raise ValueError(f"request id {request_id!r} is already in use")
+        vocab = self.target.info.vocab_size
+        if any(not 0 <= t < vocab for t, _ in params.logit_bias) or any(
+            not 0 <= t < vocab for t in params.stop_token_ids
+        ):
+            raise ValueError(f"token ids in logit_bias and stop_token_ids must be in [0, {vocab})")
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         seq = Sequence(request_id, list(prompt_ids), params, PositionalUniforms(seed))
+        if params.grammar is not None:
+            seq.grammar = self.grammars.state(params.grammar)
         seq.speculation = speculation or SpeculationOptions()
         seq.cache_salt = cache_salt
         name = seq.speculation.drafter
@@ -165,6 +179,7 @@ class SpeculativeEngine:
         logits = self._evaluate(batch.prefills, batch.decodes, proposals)
         emitting = self._emitting(batch.prefills, batch.decodes, plans, proposals)
         emitted = self._verify(emitting, logits)
+        self._logprobs(emitting, emitted, logits)
         self._account(batch.prefills, batch.decodes)
         outputs = [
             self._isolated(e.seq, self._commit_step, e, tokens)
@@ -241,13 +256,27 @@ class SpeculativeEngine:
 
     @staticmethod
     def _request(seq: Sequence, drafts: list[int], draft_probs: Any) -> VerifyRequest:
-        """What the verifier needs of one sequence: its drafts, its sampling and the position's uniforms."""
+        """What the verifier needs of one sequence: its drafts, its sampling, the position's uniforms, and
+        what its grammar and penalties change in each of its rows."""
+        masks = seq.grammar.row_masks(drafts) if isinstance(seq.grammar, GrammarState) else None
+        adjustment = build_adjustment(seq.params, seq.prompt_ids, seq.output_ids, drafts, masks)
         if seq.params.greedy:
-            return VerifyRequest(drafts, seq.params)
+            return VerifyRequest(drafts, seq.params, adjustment=adjustment)
         position, k = len(seq.output_ids), len(drafts)
         accept = seq.uniforms.take(ACCEPT_STREAM, position, k)
         sample = seq.uniforms.take(SAMPLE_STREAM, position, k + 1)
-        return VerifyRequest(drafts, seq.params, draft_probs, accept, sample)
+        return VerifyRequest(drafts, seq.params, draft_probs, accept, sample, adjustment)
+
+    @staticmethod
+    def _logprobs(
+        emitting: list[Emitting], emitted: list[list[int] | Exception], logits: StepLogits[Any]
+    ) -> None:
+        """Log-probabilities of the emitted tokens, from the target rows that chose them, for the requests
+        that asked (before the rows are overwritten by the next pass)."""
+        for e, tokens in zip(emitting, emitted, strict=True):
+            if e.seq.params.logprobs is not None and not isinstance(tokens, Exception):
+                rows = logits[e.chunk][: len(tokens)]
+                e.seq.logprobs.extend(token_logprobs(rows, tokens, e.seq.params.logprobs))
 
     def _verify(self, emitting: list[Emitting], logits: StepLogits[Any]) -> list[list[int] | Exception]:
         """One verifier call over every emitting sequence's rows, where the runtime left them; should it
@@ -280,7 +309,9 @@ class SpeculativeEngine:
         num_drafts, num_accepted = len(emitting.request.draft_ids), len(emitted) - 1
         seq.stats.record(num_drafts, num_accepted, plan.drafter.name if plan.drafter else None)
         self.stats.record(num_drafts, num_accepted)
-        if plan.drafter is not None and plan.drafter.name in self.drafters:
+        if plan.drafter is not None and (
+            plan.drafter.name in self.drafters or plan.drafter is self.drafting.forced
+        ):
             plan.drafter.accept(seq, num_accepted)
             self.policy.observe(seq, dataclasses.replace(plan, num_tokens=num_drafts), num_accepted)
         # Rollback: the KV holds [pending] + drafts; keep the pending token and the accepted drafts.
@@ -296,13 +327,18 @@ class SpeculativeEngine:
         new: list[int] = []
         if seq.first_token_time is None:
             seq.first_token_time = time.perf_counter()
+        grammar = seq.grammar if isinstance(seq.grammar, GrammarState) else None
         for token in tokens:
-            if self.target.is_eog(token) and not seq.params.ignore_eos:
+            if (
+                self.target.is_eog(token) and not seq.params.ignore_eos
+            ) or token in seq.params.stop_token_ids:
                 seq.finish("stop")
                 break
             seq.output_ids.append(token)
             new.append(token)
-            if text.append(token):
+            if grammar is not None:
+                grammar.commit([token])
+            if text.append(token) or (grammar is not None and grammar.is_stopped()):
                 seq.finish("stop")
             elif len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= context:
                 seq.finish("length")
@@ -310,10 +346,16 @@ class SpeculativeEngine:
                 break
         self.stats.generated_tokens += len(new)
         seq.text = text.text
+        new_logprobs: list[TokenLogprobs] = []
+        if seq.params.logprobs is not None:
+            del seq.logprobs[len(seq.output_ids) :]  # an end-of-generation token is not emitted
+            new_logprobs = [
+                t for t in seq.logprobs[len(seq.output_ids) - len(new) :] if isinstance(t, TokenLogprobs)
+            ]
         if seq.finished:
             text.finish()
             self._release(seq)
-        return RequestOutput(seq, new, text.take_delta(final=seq.finished), seq.finished)
+        return RequestOutput(seq, new, text.take_delta(final=seq.finished), seq.finished, new_logprobs)
 
     def _release(self, seq: Sequence) -> None:
         for drafter in self.drafters.values():

@@ -33,6 +33,7 @@ from specserve.rayserve import ROUTERS
 from specserve.rayserve.asgi_bridge import HTTPCall
 from specserve.rayserve.metrics_merge import FrontMetrics, merge_expositions
 from specserve.rayserve.relay import incoming_call, relay
+from specserve.server import chat_request as c
 from specserve.server import protocol as p
 from specserve.server.auth import AccessControl
 from specserve.server.errors import APIError, install_handlers, unavailable
@@ -83,15 +84,15 @@ class Front:
 
     def routing_hashes(self, path: str, raw: bytes, authorization: str | None) -> list[int]:
         """The prompt's block hashes (the replica's prefix cache computes the same); validates the body."""
-        req: p.CompletionRequest | p.ChatCompletionRequest
+        req: p.CompletionRequest | c.ChatCompletionRequest
         if path == "/v1/chat/completions":
-            req = p.parse_request(raw, p.ChatCompletionRequest)
+            req = p.parse_request(raw, c.ChatCompletionRequest)
         else:
             req = p.parse_request(raw, p.CompletionRequest)
         if self.vocab is None:
             return []
-        if isinstance(req, p.ChatCompletionRequest):
-            ids = chat_prompt_ids(self.vocab, req.chat_messages())
+        if isinstance(req, c.ChatCompletionRequest):
+            ids = chat_prompt_ids(self.vocab, req.chat_messages(), req.template_tools())
         else:
             ids = self.vocab.tokenize(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
         salt = self.access.cache_salt(authorization, req.cache_salt)

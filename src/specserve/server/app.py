@@ -13,6 +13,7 @@ Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/mo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -28,8 +29,12 @@ from starlette.responses import Response
 from specserve.backends.base import Vocabulary
 from specserve.chat import ChatTemplateError, chat_prompt_ids
 from specserve.config import Settings
+from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine import RequestOutput, SpeculativeEngine
+from specserve.request import GrammarSpec, SamplingParams
+from specserve.server import chat_request as c
 from specserve.server import protocol as p
+from specserve.server import responses as r
 from specserve.server.admin import router as ops_router
 from specserve.server.errors import install_handlers, invalid_request
 from specserve.server.middleware import OpsMiddleware, current_record
@@ -37,13 +42,17 @@ from specserve.server.openapi import install_openapi
 from specserve.server.request_body import read_body
 from specserve.server.state import EngineFactory, ServerState
 from specserve.server.streaming import (
+    Choice,
     ChunkFormat,
     EventStreamResponse,
     admit,
     collect,
-    release_request,
+    release_choices,
     stream_events,
 )
+from specserve.server.tokenize import router as tokenize_router
+from specserve.server.tool_calls import ToolParsing
+from specserve.structured.grammar import GrammarError
 
 log = logging.getLogger("specserve.server")
 
@@ -56,19 +65,38 @@ OFFLOAD_BYTES = 64 * 1024  # prompts in bodies larger than this are rendered and
 
 def completion_prompt(vocabulary: Vocabulary, vocab: int, request: p.CompletionRequest) -> list[int]:
     if isinstance(request.prompt, str):
-        ids = vocabulary.tokenize(request.prompt)
+        ids = vocabulary.tokenize(request.prompt, add_special=request.suffix is None)
     else:
         ids = request.prompt
         if any(not 0 <= t < vocab for t in ids):
             raise invalid_request(f"Token ids must be in [0, {vocab}).", "prompt")
+    if request.suffix is not None:
+        ids = fill_in_the_middle(vocabulary, ids, request.suffix)
+    if request.echo and request.logprobs is not None:
+        raise invalid_request("echo with logprobs (the prompt's logprobs) is not supported.", "echo")
     if not ids:
         raise invalid_request("The prompt is empty.", "prompt")
     return ids
 
 
-def chat_prompt(vocabulary: Vocabulary, request: p.ChatCompletionRequest) -> list[int]:
+FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
+"""The fill-in-the-middle control tokens of Qwen2.5-Coder (and StarCoder-style models)."""
+
+
+def fill_in_the_middle(vocabulary: Vocabulary, prefix: list[int], suffix: str) -> list[int]:
+    """``suffix``: the prompt is the text before the insertion point, the model writes what goes between."""
+    marks = [vocabulary.tokenize(t, add_special=False, parse_special=True) for t in FIM_TOKENS]
+    if any(len(m) != 1 or not vocabulary.is_control(m[0]) for m in marks):
+        raise invalid_request(
+            "This model has no fill-in-the-middle tokens; 'suffix' is not supported.", "suffix"
+        )
+    text = vocabulary.tokenize(suffix, add_special=False) if suffix else []
+    return [*marks[0], *prefix, *marks[1], *text, *marks[2]]
+
+
+def chat_prompt(vocabulary: Vocabulary, request: c.ChatCompletionRequest) -> list[int]:
     try:
-        return chat_prompt_ids(vocabulary, request.chat_messages())
+        return chat_prompt_ids(vocabulary, request.chat_messages(), request.template_tools())
     except ChatTemplateError as exc:
         raise invalid_request(str(exc), "messages") from None
 
@@ -88,16 +116,20 @@ async def generate(request: Request, chat: bool) -> Response:
     engine = state.require_engine()
     raw = await read_body(request, state.settings.max_request_bytes, state.settings.client_timeout)
     vocabulary, info = engine.vocabulary, engine.info
-    req: p.CompletionRequest | p.ChatCompletionRequest
+    req: p.CompletionRequest | c.ChatCompletionRequest
+    tools: ToolParsing | None = None
     if chat:
-        req = p.parse_request(raw, p.ChatCompletionRequest)
+        req = p.parse_request(raw, c.ChatCompletionRequest)
         prepare = partial(chat_prompt, vocabulary, req)
+        tools = req.tool_parsing()
     else:
         req = p.parse_request(raw, p.CompletionRequest)
         prepare = partial(completion_prompt, vocabulary, info.vocab_size, req)
     state.check_model(req.model)
     ids = await prompt_ids(prepare, len(raw))
     params = req.sampling_params(len(ids), info.context_per_sequence, "messages" if chat else "prompt")
+    if params.grammar is not None:
+        await compile_grammar(engine, params.grammar)
     speculation = state.speculation(engine, req.speculative)
     salt = state.access.cache_salt(request.headers.get("authorization"), req.cache_salt)
     request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -105,23 +137,65 @@ async def generate(request: Request, chat: bool) -> Response:
     if record is not None:
         record.completion_id, record.stream = request_id, req.stream
         if state.settings.log_prompts:
-            record.prompt = req.chat_messages() if isinstance(req, p.ChatCompletionRequest) else req.prompt
-    fmt = ChunkFormat(chat, request_id, int(time.time()), state.model_id, req.include_usage)
-    outputs = cast(
-        AsyncGenerator[RequestOutput, None],
-        engine.generate(request_id, ids, params, speculation, state.timeout, salt),
+            record.prompt = req.chat_messages() if isinstance(req, c.ChatCompletionRequest) else req.prompt
+    echo = echo_text(vocabulary, req) if isinstance(req, p.CompletionRequest) and req.echo else ""
+    token_bytes = engine.vocabulary.token_bytes if params.logprobs is not None else None
+    fmt = ChunkFormat(
+        chat, request_id, int(time.time()), state.model_id, req.include_usage, token_bytes, echo, tools
     )
-    first = await admit(outputs)
+    start = partial(engine.generate, speculation=speculation, timeout=state.timeout, cache_salt=salt)
+    choices = await start_choices(start, request_id, ids, params, req.n)
     if record is not None:
-        record.watch(first)
+        record.watch(choices[0].first)
     if req.stream:
         return EventStreamResponse(
-            stream_events(first, outputs, fmt, state.settings.stream_keepalive),
-            partial(release_request, first, outputs),
+            stream_events(choices, fmt, state.settings.stream_keepalive),
+            partial(release_choices, choices),
             stall_timeout=state.settings.client_timeout * 3,
         )
-    text, out = await collect(request, engine, request_id, first, outputs)
-    return JSONResponse(fmt.response(text, out))
+    return JSONResponse(fmt.response(await collect(request, engine, choices)))
+
+
+async def start_choices(
+    start: Callable[..., AsyncIterator[RequestOutput]],
+    request_id: str,
+    ids: list[int],
+    params: SamplingParams,
+    n: int,
+) -> list[Choice]:
+    """Admit the request's ``n`` choices. The first runs its prefill alone; the others then find the prompt's
+    KV in the prefix cache. Each choice has its own seed (``seed + i`` when the request gave one)."""
+    choices: list[Choice] = []
+    try:
+        for i in range(n):
+            choice_id = request_id if n == 1 else f"{request_id}-{i}"
+            seed = None if params.seed is None else (params.seed + i) % 2**63
+            outputs = cast(
+                AsyncGenerator[RequestOutput, None],
+                start(choice_id, ids, dataclasses.replace(params, seed=seed)),
+            )
+            choices.append(Choice(i, choice_id, await admit(outputs), outputs))
+            if i == 0 and n > 1:
+                await asyncio.wait({choices[0].first})
+    except BaseException:
+        await release_choices(choices)
+        raise
+    return choices
+
+
+async def compile_grammar(engine: AsyncEngine, spec: GrammarSpec) -> None:
+    """Compile the request's grammar off the event loop (a large schema takes a while; the engine then
+    copies the cached result); a grammar that does not compile is a 400."""
+    try:
+        await asyncio.to_thread(engine.grammars.compile, spec)
+    except GrammarError as exc:
+        raise invalid_request(str(exc), "response_format") from None
+
+
+def echo_text(vocabulary: Vocabulary, request: p.CompletionRequest) -> str:
+    if isinstance(request.prompt, str):
+        return request.prompt
+    return b"".join(vocabulary.token_bytes(t) for t in request.prompt).decode("utf-8", errors="replace")
 
 
 # -- routes ---------------------------------------------------------------------------------------
@@ -142,14 +216,14 @@ async def chat_completions(request: Request) -> Response:
 @router.get("/v1/models")
 async def models(request: Request) -> dict[str, Any]:
     state: ServerState = request.app.state.server
-    return p.ModelList(data=[p.ModelCard(id=state.model_id, created=state.created)]).model_dump()
+    return r.ModelList(data=[r.ModelCard(id=state.model_id, created=state.created)]).model_dump()
 
 
 @router.get("/v1/models/{model:path}")
 async def model(request: Request, model: str) -> dict[str, Any]:
     state: ServerState = request.app.state.server
     state.check_model(model)
-    return p.ModelCard(id=state.model_id, created=state.created).model_dump()
+    return r.ModelCard(id=state.model_id, created=state.created).model_dump()
 
 
 @router.get("/health")
@@ -217,5 +291,6 @@ def create_app(
     app.add_middleware(OpsMiddleware, state=state)
     app.include_router(router)
     app.include_router(ops_router)
+    app.include_router(tokenize_router)
     install_openapi(app)
     return app

@@ -51,6 +51,10 @@ def matches(token: bytes | None, keys: tuple[bytes, ...]) -> bytes | None:
     return found if token else None
 
 
+KEYED_PATHS = frozenset({"/tokenize", "/detokenize"})
+"""vLLM's tokenizer endpoints sit outside ``/v1`` but read the model: the API keys guard them too."""
+
+
 @dataclass
 class _Bucket:
     tokens: float
@@ -104,7 +108,8 @@ class AccessControl:
         token = bearer_token(authorization)
         if path.startswith("/admin/"):
             return self._check_admin(token)
-        if not (path.startswith("/v1/") or (path == "/metrics" and self.metrics_require_key)):
+        keyed = path.startswith("/v1/") or path in KEYED_PATHS
+        if not (keyed or (path == "/metrics" and self.metrics_require_key)):
             return None
         key = None
         if self.keys:

@@ -16,8 +16,13 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from specserve.drafters.registry import drafter_names
+from specserve.server import chat_request as c
 from specserve.server import protocol as p
+from specserve.server import responses as r
 from specserve.server.admin import SpeculationSwitch
+from specserve.server.auth import KEYED_PATHS
+from specserve.server.strict import StrictModel
+from specserve.server.tokenize import DetokenizeRequest, TokenizeRequest
 
 REF = "#/components/schemas/{model}"
 
@@ -49,9 +54,11 @@ STATUS_TEXT = {
 }
 GENERATION_ERRORS = (400, 401, 404, 408, 413, 415, 429, 503, 504)
 BODIES: dict[tuple[str, str], tuple[type[BaseModel], type[BaseModel] | None]] = {
-    ("/v1/completions", "post"): (p.CompletionRequest, p.CompletionResponse),
-    ("/v1/chat/completions", "post"): (p.ChatCompletionRequest, p.ChatCompletionResponse),
+    ("/v1/completions", "post"): (p.CompletionRequest, r.CompletionResponse),
+    ("/v1/chat/completions", "post"): (c.ChatCompletionRequest, r.ChatCompletionResponse),
     ("/admin/speculation", "post"): (SpeculationSwitch, None),
+    ("/tokenize", "post"): (TokenizeRequest, None),
+    ("/detokenize", "post"): (DetokenizeRequest, None),
 }
 
 
@@ -102,8 +109,10 @@ def build(app: FastAPI) -> dict[str, Any]:
                         },
                     }
                     statuses = GENERATION_ERRORS
-                else:
+                elif path.startswith("/admin/"):
                     statuses = (400, 401, 403, 408, 413, 415, 503)
+                else:
+                    statuses = (400, 401, 404, 408, 413, 415, 503)
             elif path.startswith("/v1/"):
                 statuses = (401, 404, 429, 503) if "{" in path else (401, 429, 503)
             elif path.startswith("/admin/"):
@@ -112,7 +121,7 @@ def build(app: FastAPI) -> dict[str, Any]:
                 statuses = (503,)
             if path == "/metrics":
                 responses["200"]["content"] = {"text/plain": {"schema": {"type": "string"}}}
-            if path.startswith(("/v1/", "/admin/")):
+            if path.startswith(("/v1/", "/admin/")) or path in KEYED_PATHS:
                 op["security"] = [{"bearer": []}]
             for status in statuses:
                 responses[str(status)] = {"description": STATUS_TEXT[status], "content": error}
@@ -126,8 +135,8 @@ def build(app: FastAPI) -> dict[str, Any]:
 
 
 def _null_is_default_models() -> set[str]:
-    """Request models where ``"field": null`` means the default (protocol._Strict and its subclasses)."""
-    names, todo = set(), [p._Strict]
+    """Request models where ``"field": null`` means the default (StrictModel and its subclasses)."""
+    names, todo = set(), [StrictModel]
     while todo:
         cls = todo.pop()
         names.add(cls.__name__)

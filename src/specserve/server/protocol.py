@@ -1,63 +1,59 @@
-"""OpenAI request and response schemas for ``/v1/completions`` and ``/v1/chat/completions``.
+"""OpenAI request schemas for ``/v1/completions`` and the fields every generation request shares (chat's own
+are in chat_request.py; response bodies in responses.py).
 
 Requests are validated strictly (no string-to-number coercion, no NaN; ``null`` means the default) once,
 here. Supported fields:
 
 * ``model``: optional; the served model id (or the ``--target`` value), anything else is a 404;
-* ``prompt``: a string, a list of one string, or token ids (several prompts are a 400); ``messages`` with
-  roles system / developer / user / assistant and string (or text-part) content;
+* ``prompt``: a string, a list of one string, or token ids (several prompts are a 400); ``echo``; ``suffix``
+  (fill-in-the-middle, where the model has FIM tokens); ``logprobs: N``;
 * ``max_tokens`` (chat: also ``max_completion_tokens``): default is the room left in the context;
   prompt + max_tokens beyond the context is a 400 naming both numbers;
 * ``temperature`` (0..2, default 1; 0 is greedy), ``top_p``, ``top_k`` (0 or -1 disables), ``min_p``,
   ``seed``, ``stop`` (a string or up to ``MAX_STOP_STRINGS`` strings of at most ``MAX_STOP_LENGTH``
-  characters: more than OpenAI's 4), ``stream``, ``stream_options.include_usage``, ``n`` (1 only), ``user``;
+  characters: more than OpenAI's 4), ``stop_token_ids``, ``stream``, ``stream_options.include_usage``,
+  ``n`` (up to ``MAX_CHOICES``), ``user``;
+* penalties, applied to the target's distribution inside verification: ``presence_penalty``,
+  ``frequency_penalty``, ``repetition_penalty`` (vLLM's), ``logit_bias``;
+* structured outputs: ``response_format``, vLLM's ``structured_outputs`` and ``guided_*``
+  (structured_request.py);
 * extensions: ``ignore_eos`` and ``speculative: {enabled, drafter, num_draft_tokens}``, which overrides the
   server's speculation default for the request (an unknown drafter is a 400).
 
-OpenAI fields this server does not implement (penalties, logit_bias, logprobs, tools ...) are accepted only
-at their neutral value and rejected otherwise; any other unknown field is ignored.
+Known fields that would change the answer and are not implemented (``best_of`` > 1, beam search, the
+deprecated ``functions``) are accepted only at their neutral value; any other unknown field is ignored, as
+vLLM ignores it.
 """
 
 from __future__ import annotations
 
-import typing
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     WithJsonSchema,
     field_validator,
-    model_validator,
 )
 
-from specserve.request import SamplingParams
-from specserve.sequence import Sequence, SpeculationOptions
+from specserve.request import MAX_LOGPROBS, GrammarSpec, SamplingParams
+from specserve.sequence import SpeculationOptions
 from specserve.server.errors import from_validation, invalid_request
 from specserve.server.request_body import json_object
+from specserve.server.strict import StrictModel, integral
+from specserve.server.structured_request import ResponseFormat, StructuredOutputs, grammar_spec
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
+MAX_CHOICES = 16
+MAX_LOGIT_BIAS = 1024
 
 # Known OpenAI (and vLLM) fields without an implementation here, with the values that mean "not used".
 NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
-    "presence_penalty": (None, 0),
-    "frequency_penalty": (None, 0),
-    "repetition_penalty": (None, 1),
-    "logit_bias": (None, {}),
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
     "best_of": (None, 1),
-    "echo": (None, False),
-    "suffix": (None, ""),
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
+    "use_beam_search": (None, False),
     "functions": (None, []),
     "function_call": (None, "none"),
-    "response_format": (None, {"type": "text"}),
-    "use_beam_search": (None, False),
 }
 
 
@@ -73,13 +69,6 @@ def _same(value: Any, neutral: Any) -> bool:
     if isinstance(neutral, bool) or isinstance(value, bool):
         return value is neutral
     return bool(value == neutral)
-
-
-def _integral(value: Any) -> Any:
-    """JSON has one number type: ``1.0`` is the integer 1 (as JSON Schema says), ``1.5`` is not."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
 
 
 # What the validators accept, for the OpenAPI document (the annotations say what they produce).
@@ -104,29 +93,7 @@ PROMPT_SCHEMA = {
 }
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_default(cls, value: Any) -> Any:
-        """``"field": null`` means the default, as many OpenAI clients send it; an integral number is an int
-        wherever an int is expected (strict mode alone would refuse ``1.0``)."""
-        if not isinstance(value, dict):
-            return value
-        ints = cls._int_fields()
-        return {k: _integral(v) if k in ints else v for k, v in value.items() if v is not None}
-
-    @classmethod
-    def _int_fields(cls) -> frozenset[str]:
-        return frozenset(
-            name
-            for name, f in cls.model_fields.items()
-            if f.annotation is int or int in typing.get_args(f.annotation)
-        )
-
-
-class SpeculativeRequest(_Strict):
+class SpeculativeRequest(StrictModel):
     """Extension: per-request speculation (unset fields keep the server default)."""
 
     enabled: bool | None = None
@@ -137,11 +104,11 @@ class SpeculativeRequest(_Strict):
         return SpeculationOptions(self.enabled, self.drafter, self.num_draft_tokens)
 
 
-class StreamOptions(_Strict):
+class StreamOptions(StrictModel):
     include_usage: bool = False
 
 
-class SamplingRequest(_Strict):
+class SamplingRequest(StrictModel):
     """Fields shared by completions and chat completions."""
 
     model: str | None = Field(None, max_length=512)
@@ -154,7 +121,22 @@ class SamplingRequest(_Strict):
     stop: Annotated[list[str], WithJsonSchema(STOP_SCHEMA)] = Field(default_factory=list)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: Annotated[int, WithJsonSchema({"type": "integer", "minimum": 1, "maximum": 1})] = 1
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(1.0, ge=0.01, le=10.0)
+    """vLLM's; below 0.01 a float32 logit divided by it overflows (the limit keeps logits finite)."""
+    logit_bias: dict[str, float] = Field(default_factory=dict, max_length=MAX_LOGIT_BIAS)
+    """Token id (as a string, OpenAI's form) → bias in [-100, 100] added to its logit."""
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list, max_length=MAX_STOP_STRINGS
+    )
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
     user: str | None = None
     ignore_eos: bool = False
     speculative: SpeculativeRequest | None = None
@@ -175,12 +157,32 @@ class SamplingRequest(_Strict):
             raise ValueError(f"stop strings must have 1 to {MAX_STOP_LENGTH} characters")
         return value
 
-    @field_validator("n")
+    @field_validator("logit_bias")
     @classmethod
-    def _single_choice(cls, value: int) -> int:
-        if value != 1:
-            raise ValueError(f"only n=1 is supported (got {value}); send one request per completion")
+    def _bias(cls, value: dict[str, float]) -> dict[str, float]:
+        for key, bias in value.items():
+            if not key.isdigit():
+                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias}")
         return value
+
+    def grammar(self) -> GrammarSpec | None:
+        """The structured-output constraint the request asks for (400 if several or malformed)."""
+        legacy = {
+            "guided_json": self.guided_json,
+            "guided_regex": self.guided_regex,
+            "guided_choice": self.guided_choice,
+            "guided_grammar": self.guided_grammar,
+        }
+        try:
+            return grammar_spec(self.response_format, self.structured_outputs, legacy)
+        except ValueError as exc:
+            raise invalid_request(str(exc), "response_format") from None
+
+    def num_logprobs(self) -> int | None:
+        """Alternatives per token to return with logprobs; None: no logprobs."""
+        return None
 
     @property
     def include_usage(self) -> bool:
@@ -221,6 +223,13 @@ class SamplingRequest(_Strict):
                 max_tokens=max_tokens,
                 stop=tuple(self.stop),
                 ignore_eos=self.ignore_eos,
+                presence_penalty=self.presence_penalty,
+                frequency_penalty=self.frequency_penalty,
+                repetition_penalty=self.repetition_penalty,
+                logit_bias=tuple((int(t), float(b)) for t, b in self.logit_bias.items()),
+                stop_token_ids=tuple(self.stop_token_ids),
+                logprobs=self.num_logprobs(),
+                grammar=self.grammar(),
             )
         except ValueError as exc:
             raise invalid_request(str(exc)) from None
@@ -229,6 +238,15 @@ class SamplingRequest(_Strict):
 class CompletionRequest(SamplingRequest):
     prompt: Annotated[str | list[int], WithJsonSchema(PROMPT_SCHEMA)]
     """One prompt: a string (a list of one string is unwrapped) or token ids (a list of one list likewise)."""
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    """The legacy API's form: the number of alternatives per token (0: the chosen token's only)."""
+    echo: bool = False
+    """Return the prompt text before the completion."""
+    suffix: str | None = None
+    """Text after the insertion point: fill-in-the-middle, where the model has FIM tokens."""
+
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -241,131 +259,10 @@ class CompletionRequest(SamplingRequest):
             raise ValueError("the prompt must not be empty")
         if not isinstance(value, str | list):
             raise ValueError("must be a string, a list of one string, or a list of token ids")
-        return [_integral(v) for v in value] if isinstance(value, list) else value
-
-
-class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str
-    name: str | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _text_content(cls, value: Any) -> Any:
-        """Content parts of type text are joined; an assistant message may have null content."""
-        if not isinstance(value, dict):
-            return value
-        content = value.get("content")
-        if content is None and value.get("role") == "assistant":
-            return {**value, "content": ""}
-        if isinstance(content, list):
-            texts = []
-            for part in content:
-                if (
-                    not isinstance(part, dict)
-                    or part.get("type") != "text"
-                    or not isinstance(part.get("text"), str)
-                ):
-                    raise ValueError("only string content or content parts of type 'text' are supported")
-                texts.append(part["text"])
-            return {**value, "content": "".join(texts)}
-        return value
-
-
-class ChatCompletionRequest(SamplingRequest):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-
-    def requested_max_tokens(self) -> tuple[int | None, str]:
-        if self.max_completion_tokens is not None:
-            return self.max_completion_tokens, "max_completion_tokens"
-        return self.max_tokens, "max_tokens"
-
-    def chat_messages(self) -> list[dict[str, str]]:
-        """Messages for the chat template ('developer' is the newer name of 'system')."""
-        return [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.content}
-            for m in self.messages
-        ]
+        return [integral(v) for v in value] if isinstance(value, list) else value
 
 
 RequestT = TypeVar("RequestT", bound=SamplingRequest)
-
-
-# -- responses ------------------------------------------------------------------------------------
-
-
-class PromptTokensDetails(BaseModel):
-    cached_tokens: int
-    """Prompt tokens whose KV came from the prefix cache."""
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: PromptTokensDetails
-
-    @classmethod
-    def of(cls, seq: Sequence) -> Usage:
-        prompt, completion = len(seq.prompt_ids), len(seq.output_ids)
-        return cls(
-            prompt_tokens=prompt,
-            completion_tokens=completion,
-            total_tokens=prompt + completion,
-            prompt_tokens_details=PromptTokensDetails(cached_tokens=seq.cached_tokens),
-        )
-
-
-class CompletionChoice(BaseModel):
-    index: int = 0
-    text: str
-    logprobs: None = None
-    finish_reason: str | None
-
-
-class CompletionResponse(BaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage
-    speculative: dict[str, float | int]
-
-
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str
-
-
-class ChatChoice(BaseModel):
-    index: int = 0
-    message: AssistantMessage
-    logprobs: None = None
-    finish_reason: str | None
-
-
-class ChatCompletionResponse(BaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-    speculative: dict[str, float | int]
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int
-    owned_by: str = "specserve"
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
 
 
 def parse_request(raw: bytes, schema: type[RequestT]) -> RequestT:

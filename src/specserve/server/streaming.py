@@ -17,7 +17,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import Request
@@ -26,10 +26,13 @@ from starlette.types import Message, Receive, Scope, Send
 
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine import RequestOutput
-from specserve.sequence import Sequence
-from specserve.server import protocol as p
+from specserve.sequence import Sequence, SpecStats
+from specserve.server import responses as r
 from specserve.server.errors import from_engine_error, internal_error
+from specserve.server.logprobs_format import chat_logprobs, completion_logprobs
 from specserve.server.middleware import note_stream_error
+from specserve.server.tool_calls import StreamingToolParser, ToolParsing
+from specserve.verify.logprobs import TokenLogprobs
 
 log = logging.getLogger("specserve.server")
 
@@ -43,92 +46,204 @@ def sse(payload: dict[str, Any], ascii_only: bool = False) -> bytes:
 
 @dataclass(frozen=True)
 class ChunkFormat:
-    """Builds one response: its stream chunks (``*.chunk`` / ``text_completion``) or its whole body."""
+    """Builds one response: its stream chunks (``*.chunk`` / ``text_completion``) or its whole body.
+
+    ``token_bytes`` spells logprobs' tokens; ``echo`` is the prompt text a completion starts with."""
 
     chat: bool
     id: str
     created: int
     model: str
     include_usage: bool
+    token_bytes: Callable[[int], bytes] | None = None
+    echo: str = ""
+    tools: ToolParsing | None = None
 
-    def _chunk(self, choice: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+    def _chunk(
+        self, index: int, choice: dict[str, Any], finish_reason: str | None = None, logprobs: Any = None
+    ) -> dict[str, Any]:
         chunk: dict[str, Any] = {
             "id": self.id,
             "object": "chat.completion.chunk" if self.chat else "text_completion",
             "created": self.created,
             "model": self.model,
-            "choices": [{"index": 0, **choice, "logprobs": None, "finish_reason": finish_reason}],
+            "choices": [{"index": index, **choice, "logprobs": logprobs, "finish_reason": finish_reason}],
         }
         if self.include_usage:
             chunk["usage"] = None
         return chunk
 
-    def opening(self) -> dict[str, Any] | None:
-        return self._chunk({"delta": {"role": "assistant", "content": ""}}) if self.chat else None
+    def logprobs(self, entries: list[TokenLogprobs], offset: int = 0) -> dict[str, Any] | None:
+        if self.token_bytes is None:
+            return None
+        if self.chat:
+            return chat_logprobs(self.token_bytes, entries)
+        return completion_logprobs(self.token_bytes, entries, offset)
 
-    def delta(self, text: str) -> dict[str, Any]:
-        return self._chunk({"delta": {"content": text}} if self.chat else {"text": text})
+    def opening(self, index: int) -> dict[str, Any] | None:
+        if self.chat:
+            return self._chunk(index, {"delta": {"role": "assistant", "content": ""}})
+        return self._chunk(index, {"text": self.echo}) if self.echo else None
 
-    def finish(self, reason: str | None, speculative: dict[str, float | int]) -> dict[str, Any]:
-        chunk = self._chunk({"delta": {}} if self.chat else {"text": ""}, reason)
+    def delta(self, index: int, text: str, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self._chunk(
+            index, {"delta": {"content": text}} if self.chat else {"text": text}, None, logprobs
+        )
+
+    def tool_delta(self, index: int, calls: list[dict[str, Any]]) -> dict[str, Any]:
+        return self._chunk(index, {"delta": {"tool_calls": calls}})
+
+    def finish(self, index: int, reason: str | None, speculative: dict[str, float | int]) -> dict[str, Any]:
+        chunk = self._chunk(index, {"delta": {}} if self.chat else {"text": ""}, reason)
         chunk["speculative"] = speculative
         return chunk
 
-    def usage(self, seq: Sequence) -> dict[str, Any]:
-        chunk = self._chunk({})
+    def usage(self, seqs: list[Sequence]) -> dict[str, Any]:
+        chunk = self._chunk(0, {})
         chunk["choices"] = []
-        chunk["usage"] = p.Usage.of(seq).model_dump()
+        chunk["usage"] = r.Usage.of(seqs).model_dump()
         return chunk
 
-    def response(self, text: str, out: RequestOutput) -> dict[str, Any]:
+    def response(self, results: list[tuple[str, RequestOutput, list[TokenLogprobs]]]) -> dict[str, Any]:
         """The non-streamed response body (``chat.completion`` or ``text_completion``)."""
-        seq = out.seq
-        usage = p.Usage.of(seq)
-        common = {"id": self.id, "created": self.created, "model": self.model}
-        response: p.CompletionResponse | p.ChatCompletionResponse
+        seqs = [out.seq for _, out, _ in results]
+        common = {"id": self.id, "created": self.created, "model": self.model, "usage": r.Usage.of(seqs)}
+        stats = seqs[0].stats.as_dict() if len(seqs) == 1 else _merged_stats(seqs)
+        response: r.CompletionResponse | r.ChatCompletionResponse
         if self.chat:
-            choice = p.ChatChoice(message=p.AssistantMessage(content=text), finish_reason=seq.finish_reason)
-            response = p.ChatCompletionResponse.model_validate(
-                {**common, "choices": [choice], "usage": usage, "speculative": seq.stats.as_dict()}
+            choices = []
+            for i, (text, out, entries) in enumerate(results):
+                message, reason = self._message(text, out.seq.finish_reason)
+                logprobs = self.logprobs(entries)
+                choices.append(
+                    r.ChatChoice(index=i, message=message, logprobs=logprobs, finish_reason=reason)
+                )
+            response = r.ChatCompletionResponse.model_validate(
+                {**common, "choices": choices, "speculative": stats}
             )
         else:
-            choices = [p.CompletionChoice(text=text, finish_reason=seq.finish_reason)]
-            response = p.CompletionResponse.model_validate(
-                {**common, "choices": choices, "usage": usage, "speculative": seq.stats.as_dict()}
+            completion_choices = [
+                r.CompletionChoice(
+                    index=i,
+                    text=self.echo + text,
+                    logprobs=self.logprobs(entries, len(self.echo)),
+                    finish_reason=out.seq.finish_reason,
+                )
+                for i, (text, out, entries) in enumerate(results)
+            ]
+            response = r.CompletionResponse.model_validate(
+                {**common, "choices": completion_choices, "speculative": stats}
             )
-        return response.model_dump()
+        return response.model_dump(exclude_none=False)
+
+    def _message(self, text: str, reason: str | None) -> tuple[r.AssistantMessage, str | None]:
+        if self.tools is None:
+            return r.AssistantMessage(content=text), reason
+        content, calls = self.tools.parse(text)
+        if not calls:
+            return r.AssistantMessage(content=content), reason
+        tool_calls = [r.ToolCall.model_validate(c) for c in calls]
+        return r.AssistantMessage(content=content or None, tool_calls=tool_calls), "tool_calls"
+
+
+def _merged_stats(seqs: list[Sequence]) -> dict[str, float | int]:
+    total = SpecStats()
+    for seq in seqs:
+        total.num_drafts += seq.stats.num_drafts
+        total.num_draft_tokens += seq.stats.num_draft_tokens
+        total.num_accepted_tokens += seq.stats.num_accepted_tokens
+    return total.as_dict()
 
 
 KEEPALIVE = b": waiting\n\n"  # an SSE comment: clients ignore it, connections see traffic
 
 
-async def stream_events(
-    first: asyncio.Task[RequestOutput],
-    outputs: AsyncIterator[RequestOutput],
-    fmt: ChunkFormat,
-    keepalive: float = 5.0,
-) -> AsyncGenerator[bytes, None]:
-    """The SSE body: ``first`` is the request's first output (already admitted), ``outputs`` the rest.
+@dataclass
+class Choice:
+    """One of a request's ``n`` choices: an engine request, admitted, with its first output awaited in
+    ``first`` and the rest in ``outputs``."""
 
-    Until the first output arrives (waiting for a slot, then the prompt's prefill) an SSE comment every
-    ``keepalive`` seconds keeps clients and proxies with idle timeouts from dropping the request."""
+    index: int
+    request_id: str
+    first: asyncio.Task[RequestOutput]
+    outputs: AsyncGenerator[RequestOutput, None]
+
+
+async def _pump(choice: Choice, sink: asyncio.Queue[tuple[int, RequestOutput | BaseException]]) -> None:
     try:
-        opening = fmt.opening()
-        if opening is not None:
-            yield sse(opening)
-        while not (await asyncio.wait({first}, timeout=keepalive))[0]:
-            yield KEEPALIVE
-        out = first.result()
-        while True:
-            if out.text_delta:
-                yield sse(fmt.delta(out.text_delta))
-            if out.finished:
-                break
-            out = await anext(outputs)
-        seq = out.seq
-        yield sse(fmt.finish(seq.finish_reason, seq.stats.as_dict()))
+        out = await choice.first
+        await sink.put((choice.index, out))
+        while not out.finished:
+            out = await anext(choice.outputs)
+            await sink.put((choice.index, out))
+    except Exception as exc:
+        await sink.put((choice.index, exc))
+
+
+@dataclass
+class _ChoiceStream:
+    """What one choice's stream has sent: characters (for completions' text_offset), logprobs waiting for
+    text to ride with (an incomplete character or a held-back stop string sends none), tool calls."""
+
+    sent: int = 0
+    pending: list[TokenLogprobs] = field(default_factory=list)
+    parser: StreamingToolParser | None = None
+    calls: int = 0
+
+
+def _choice_events(fmt: ChunkFormat, index: int, state: _ChoiceStream, out: RequestOutput) -> list[bytes]:
+    state.pending.extend(out.new_logprobs)
+    text, calls = out.text_delta, list[dict[str, Any]]()
+    if state.parser is not None:
+        text, calls = state.parser.feed(text)
+        if out.finished:
+            rest, more = state.parser.finish()
+            text, calls = text + rest, calls + more
+    events = []
+    if text or (out.finished and state.pending):
+        logprobs = fmt.logprobs(state.pending, len(fmt.echo) + state.sent) if state.pending else None
+        events.append(sse(fmt.delta(index, text, logprobs)))
+        state.sent += len(text)
+        state.pending = []
+    if calls:
+        events.append(sse(fmt.tool_delta(index, calls)))
+        state.calls += len(calls)
+    if out.finished:
+        reason = "tool_calls" if state.calls and out.seq.finish_reason == "stop" else out.seq.finish_reason
+        events.append(sse(fmt.finish(index, reason, out.seq.stats.as_dict())))
+    return events
+
+
+async def stream_events(
+    choices: list[Choice], fmt: ChunkFormat, keepalive: float = 5.0
+) -> AsyncGenerator[bytes, None]:
+    """The SSE body of a request's choices (already admitted), interleaved as their outputs come.
+
+    Until an output arrives (waiting for a slot, then the prompt's prefill) an SSE comment every
+    ``keepalive`` seconds keeps clients and proxies with idle timeouts from dropping the request."""
+    queue: asyncio.Queue[tuple[int, RequestOutput | BaseException]] = asyncio.Queue()
+    pumps = [asyncio.create_task(_pump(c, queue)) for c in choices]
+    states = [_ChoiceStream(parser=fmt.tools.streaming() if fmt.tools else None) for _ in choices]
+    seqs: list[Sequence | None] = [None] * len(choices)
+    done = [False] * len(choices)  # from the outputs: a Sequence is the engine thread's, ahead of the stream
+    try:
+        for choice in choices:
+            opening = fmt.opening(choice.index)
+            if opening is not None:
+                yield sse(opening)
+        while not all(done):
+            try:
+                index, item = await asyncio.wait_for(queue.get(), keepalive)
+            except TimeoutError:
+                yield KEEPALIVE
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            for event in _choice_events(fmt, index, states[index], item):
+                yield event
+            seqs[index], done[index] = item.seq, item.finished
         if fmt.include_usage:
-            yield sse(fmt.usage(seq))
+            yield sse(fmt.usage([s for s in seqs if s is not None]))
     except Exception as exc:
         error = from_engine_error(exc)
         if error is None:
@@ -136,6 +251,10 @@ async def stream_events(
             error = internal_error()
         note_stream_error(error)
         yield sse(error.body(), ascii_only=True)
+    finally:
+        for pump in pumps:
+            pump.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)  # off the generators before they are closed
     yield DONE
 
 
@@ -222,28 +341,21 @@ async def admit(outputs: AsyncIterator[RequestOutput]) -> asyncio.Task[RequestOu
     return task
 
 
-async def abort_on_disconnect(request: Request, engine: AsyncEngine, request_id: str) -> None:
+async def abort_on_disconnect(request: Request, engine: AsyncEngine, request_ids: list[str]) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
-    engine.abort(request_id)  # the request's consumer receives a final output and returns
+    for request_id in request_ids:
+        engine.abort(request_id)  # the request's consumer receives a final output and returns
 
 
 async def collect(
-    request: Request,
-    engine: AsyncEngine,
-    request_id: str,
-    first: asyncio.Task[RequestOutput],
-    outputs: AsyncGenerator[RequestOutput, None],
-) -> tuple[str, RequestOutput]:
-    """The whole text of a non-streamed request; a client that disconnects aborts it."""
-    watcher = asyncio.create_task(abort_on_disconnect(request, engine, request_id))
+    request: Request, engine: AsyncEngine, choices: list[Choice]
+) -> list[tuple[str, RequestOutput, list[TokenLogprobs]]]:
+    """The whole text (and logprobs) of each choice of a non-streamed request; a client that disconnects
+    aborts them all."""
+    watcher = asyncio.create_task(abort_on_disconnect(request, engine, [c.request_id for c in choices]))
     try:
-        out = await first
-        parts = [out.text_delta]
-        while not out.finished:
-            out = await anext(outputs)
-            parts.append(out.text_delta)
-        return "".join(parts), out
+        return list(await asyncio.gather(*(_collect_one(c) for c in choices)))
     except Exception as exc:
         error = from_engine_error(exc)
         if error is None:
@@ -251,4 +363,19 @@ async def collect(
         raise error from None
     finally:
         watcher.cancel()
-        await release_request(first, outputs)
+        await release_choices(choices)
+
+
+async def _collect_one(choice: Choice) -> tuple[str, RequestOutput, list[TokenLogprobs]]:
+    out = await choice.first
+    parts, logprobs = [out.text_delta], list(out.new_logprobs)
+    while not out.finished:
+        out = await anext(choice.outputs)
+        parts.append(out.text_delta)
+        logprobs += out.new_logprobs
+    return "".join(parts), out, logprobs
+
+
+async def release_choices(choices: list[Choice]) -> None:
+    for choice in choices:
+        await release_request(choice.first, choice.outputs)

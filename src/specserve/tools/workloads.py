@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from specserve.errors import UserError
 
@@ -33,7 +34,7 @@ class Workload:
         assert self.prompts, f"workload {self.name} has no prompts"
 
 
-def builtin_rows(file: str) -> list[dict[str, str]]:
+def builtin_rows(file: str) -> list[dict[str, Any]]:
     """The rows of ``prompts/<file>.jsonl`` shipped with the package (``{"prompt", …}`` objects)."""
     text = resources.files("specserve.tools").joinpath(f"prompts/{file}.jsonl").read_text()
     return [json.loads(line) for line in text.splitlines() if line.strip()]
@@ -64,7 +65,12 @@ def read_jsonl(path: Path) -> list[dict[str, str]]:
         if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"]:
             raise ToolInputError(f"{path}:{n}: expected an object with a non-empty string 'prompt'")
         kind = row.get("workload", row.get("kind", "custom"))
-        rows.append({"kind": str(kind), "prompt": row["prompt"]})
+        parsed: dict[str, Any] = {"kind": str(kind), "prompt": row["prompt"]}
+        if "schema" in row:  # a JSON Schema the output must follow (bench --in-process)
+            if not isinstance(row["schema"], dict):
+                raise ToolInputError(f"{path}:{n}: 'schema' must be a JSON Schema object")
+            parsed["schema"] = row["schema"]
+        rows.append(parsed)
     if not rows:
         raise ToolInputError(f"{path}: no prompts")
     return rows

@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from specserve.verify.device_adjust import adjusted_logits
 from specserve.verify.device_sampling import filter_logits_to_probs, greedy_argmax, sample_inverse_cdf
 from specserve.verify.types import PLACEHOLDER_TOKEN_ID, VerifyRequest, draft_positions_mask
 
@@ -44,6 +45,8 @@ class TorchVerifier:
         if target_logits.ndim != 2:
             raise ValueError(f"target_logits must be [rows, vocab], got shape {list(target_logits.shape)}")
         rows, vocab = target_logits.shape
+        if any(r.adjustment is not None for r in requests):
+            target_logits = adjusted_logits(target_logits, requests)
         step = StepTensors.build(requests, rows, vocab, target_logits.device)
         if not requests:
             return []

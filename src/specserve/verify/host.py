@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from specserve.verify.adjust import adjust_logits
 from specserve.verify.greedy import verify_greedy_choices
 from specserve.verify.rejection import verify_rejection
 from specserve.verify.sampling import filter_logits_to_probs, greedy_argmax
@@ -33,6 +34,8 @@ class HostVerifier:
         starts = np.cumsum([0, *(r.num_rows for r in requests)])
         if target_logits.shape[0] != starts[-1]:
             raise ValueError(f"target_logits has {target_logits.shape[0]} rows, the requests {starts[-1]}")
+        if any(r.adjustment is not None for r in requests):
+            target_logits = _adjusted(target_logits, requests, starts)
         emitted: list[list[int]] = [[] for _ in requests]
         greedy = [b for b, r in enumerate(requests) if r.params.greedy]
         if greedy:
@@ -65,6 +68,20 @@ class HostVerifier:
         num_draft = np.array([len(requests[b].draft_ids) for b in greedy], dtype=np.int64)
         result = verify_greedy_choices(draft_ids, num_draft, choices, target_logits.shape[-1])
         return [result.tokens(i) for i in range(len(greedy))]
+
+
+def _adjusted(
+    target_logits: npt.NDArray[np.float32],  # [rows, vocab] float32, not changed
+    requests: Sequence[VerifyRequest],
+    starts: npt.NDArray[np.int64],  # [len(requests) + 1] int64
+) -> npt.NDArray[np.float32]:  # [rows, vocab] float32
+    """A copy of the step's logits with each request's adjustment applied to its rows (the runtime's buffer
+    is left as it is: it may be a view into the model's own memory)."""
+    adjusted = np.array(target_logits, dtype=np.float32, copy=True)
+    for b, request in enumerate(requests):
+        if request.adjustment is not None:
+            adjust_logits(adjusted[starts[b] : starts[b + 1]], request.adjustment)
+    return adjusted
 
 
 def _sampled(

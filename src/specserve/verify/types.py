@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from specserve.request import SamplingParams
+from specserve.verify.adjust import LogitAdjustment
 
 LogitsT_contra = TypeVar("LogitsT_contra", contravariant=True)
 
@@ -110,6 +111,8 @@ class VerifyRequest:
     draft_probs: Any = None  # [k, vocab] float64 where the verifier works, or None: one-hot drafts
     accept_uniforms: npt.NDArray[np.float64] | None = None  # [k] float64: coins against draft_probs
     sample_uniforms: npt.NDArray[np.float64] | None = None  # [k + 1] float64: recovered or bonus token
+    adjustment: LogitAdjustment | None = None
+    """Grammar mask, logit_bias and penalties for its rows (verify/adjust.py); None: the raw logits."""
 
     @property
     def num_rows(self) -> int:

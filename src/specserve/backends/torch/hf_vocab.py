@@ -74,7 +74,9 @@ class HFVocabulary:
         self._byte_level = files.byte_level
         self._byte_decoder = byte_decoder()
         self._sentencepiece = files.tokenizer_model == "llama"  # '▁' for space, <0xAB> byte-fallback tokens
-        self._added = {i: t.content for i, t in tokenizer.get_added_tokens_decoder().items()}  # id → text
+        added = tokenizer.get_added_tokens_decoder()
+        self._added = {i: t.content for i, t in added.items()}  # id → text
+        self._control = frozenset(i for i, t in added.items() if t.special)
         self._bos_id = files.special_id("bos")
         self._eos_id = files.special_id("eos")
         self._add_bos = files.add_special_flag("bos")  # None: tokenizer_config does not say
@@ -126,6 +128,10 @@ class HFVocabulary:
             return text.replace("▁", " ").encode("utf-8")
         # WordPiece and other models: the decoder's text of the lone token (its bytes can't be split).
         return self._tokenizer.decode([token_id], skip_special_tokens=False).encode("utf-8")
+
+    def is_control(self, token_id: int) -> bool:
+        """An added token marked special (``<|im_start|>``): never text a grammar may spell."""
+        return token_id in self._control
 
     def is_eog(self, token_id: int) -> bool:
         """EOS ids of config.json, generation_config.json and tokenizer_config, or an end-of-turn token."""

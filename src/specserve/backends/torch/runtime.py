@@ -299,6 +299,9 @@ class TorchRuntime(ModelRuntime[torch.Tensor]):
     def is_eog(self, token_id: int) -> bool:
         return bool(self.vocab.is_eog(token_id))
 
+    def is_control(self, token_id: int) -> bool:
+        return bool(self.vocab.is_control(token_id))
+
     def chat_template(self) -> str | None:
         template: str | None = self.vocab.chat_template()
         return template

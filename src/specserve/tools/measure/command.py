@@ -54,7 +54,7 @@ def _engine_bench(args: argparse.Namespace, settings: Settings) -> int:
         raise ToolInputError(f"unknown mode(s) {', '.join(unknown)}; known: {', '.join(MODES)}")
     if "plain" not in modes:
         modes.insert(0, "plain")
-    prompts = builtin_prompts() if args.prompts is None else read_jsonl(Path(args.prompts))
+    prompts = builtin_prompts(args.structured) if args.prompts is None else read_jsonl(Path(args.prompts))
     if args.kinds:
         kinds = set(args.kinds.split(","))
         prompts = [p for p in prompts if p["kind"] in kinds]
@@ -68,5 +68,5 @@ def _engine_bench(args: argparse.Namespace, settings: Settings) -> int:
         prompts = kept
     result = run_engine_bench(settings, prompts, modes, args.max_tokens, progress, args.repeats)
     data = result.as_dict()
-    write_report(args.output_dir, data, render_markdown(data, command_line()))
+    write_report(args.output_dir, data, render_markdown(data, command_line(), structured=args.structured))
     return 0

@@ -8,6 +8,7 @@ measured in the same run; greedy outputs are compared with the plain output toke
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from typing import Any
 from specserve.chat import chat_prompt_ids
 from specserve.config import PolicyChoice, Settings
 from specserve.engine.builder import load_models
-from specserve.request import SamplingParams
+from specserve.request import GrammarSpec, SamplingParams
 from specserve.sequence import Sequence
 from specserve.tools.workloads import ToolInputError, builtin_rows
 
@@ -33,6 +34,7 @@ MODES = {
     "plain": Mode("plain", (), "fixed"),
     "ngram": Mode("ngram", ("ngram",), "fixed"),
     "draft-model": Mode("draft-model", ("draft-model",), "fixed"),
+    "grammar": Mode("grammar", ("grammar",), "fixed"),  # only the tokens a request's grammar forces
     "auto": Mode("auto", ("ngram", "draft-model"), "cost"),
 }
 
@@ -48,6 +50,12 @@ class Cell:
     accepted: int = 0
     identical: int = 0
     runs: int = 0
+    forced: int = 0
+    """Accepted tokens the grammar drafted (constrained prompts)."""
+    grammar_seconds: float = 0.0
+    """Time in the grammar engine (masks, forced tokens, commits)."""
+    valid: int = 0
+    """Outputs that parse as JSON and validate against the prompt's schema (constrained prompts)."""
 
     @property
     def tokens_per_second(self) -> float:
@@ -64,6 +72,8 @@ class Cell:
         self.accepted += seq.stats.num_accepted_tokens
         self.identical += int(identical)
         self.runs += 1
+        self.forced += seq.stats.accepted_by_drafter.get("grammar", 0)
+        self.grammar_seconds += getattr(seq.grammar, "seconds", 0.0)
         return tokens / seconds if seconds > 0 else 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -71,6 +81,10 @@ class Cell:
         data["tokens_per_second"] = round(self.tokens_per_second, 3)
         data["acceptance_rate"] = round(self.accepted / self.draft_tokens, 4) if self.draft_tokens else 0.0
         data["mean_acceptance_length"] = round(1 + self.accepted / self.drafts, 4) if self.drafts else 1.0
+        data["forced_share"] = round(self.forced / self.tokens, 4) if self.tokens else 0.0
+        data["grammar_us_per_token"] = (
+            round(1e6 * self.grammar_seconds / self.tokens, 1) if self.tokens else 0.0
+        )
         return data
 
 
@@ -90,13 +104,14 @@ class EngineBenchResult:
         }
 
 
-def builtin_prompts() -> list[dict[str, str]]:
-    return builtin_rows("engine")
+def builtin_prompts(structured: bool = False) -> list[dict[str, Any]]:
+    """The engine workloads, or (``structured``) the schema-constrained ones (rows with a ``schema``)."""
+    return builtin_rows("structured" if structured else "engine")
 
 
 def run_engine_bench(
     settings: Settings,
-    prompts: list[dict[str, str]],
+    prompts: list[dict[str, Any]],
     modes: list[str],
     max_tokens: int,
     progress: Callable[[str], None] = lambda _m: None,
@@ -128,14 +143,17 @@ def run_engine_bench(
                 names = tuple(
                     n
                     for n in mode.drafters
-                    if n in models.drafters and (n != "draft-model" or pays or mode.policy == "fixed")
+                    if n == "grammar"  # the engine's own (constrained requests), never a loaded model
+                    or (n in models.drafters and (n != "draft-model" or pays or mode.policy == "fixed"))
                 )
                 engine = models.engine(names, policies[mode_name], settings.num_draft_tokens)
+                grammar = None
+                if "schema" in item:
+                    grammar = GrammarSpec("json_schema", json.dumps(item["schema"]))
+                params = SamplingParams(max_tokens=max_tokens, grammar=grammar)
                 try:
-                    seq = engine.add_request(
-                        f"bench-{r}-{i}-{mode_name}", prompt_ids, SamplingParams(max_tokens=max_tokens)
-                    )
-                except ValueError as exc:  # the prompt does not fit the context
+                    seq = engine.add_request(f"bench-{r}-{i}-{mode_name}", prompt_ids, params)
+                except ValueError as exc:  # the prompt does not fit the context, or a bad schema
                     raise ToolInputError(str(exc)) from None
                 while engine.has_work():
                     engine.step()
@@ -144,6 +162,7 @@ def run_engine_bench(
             for mode_name, seq in finished.items():
                 cell = result.cells.setdefault(item["kind"], {}).setdefault(mode_name, Cell())
                 speed = cell.add(seq, seq.output_ids == plain_ids)
+                cell.valid += int("schema" in item and _validates(seq.text, item["schema"]))
                 stats = seq.stats
                 progress(
                     f"[{r * len(prompts) + i + 1}/{len(rounds)}] {item['kind']:8} {mode_name:12} "
@@ -152,6 +171,23 @@ def run_engine_bench(
     finally:
         models.close()
     return result
+
+
+def _validates(text: str, schema: Any) -> bool:
+    """The output is JSON that fits the schema (jsonschema when installed, else parsing only)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    try:
+        import jsonschema
+    except ImportError:
+        return True
+    try:
+        jsonschema.validate(value, schema)
+    except jsonschema.ValidationError:
+        return False
+    return True
 
 
 def resolve_model(settings: Settings, name: str) -> str:

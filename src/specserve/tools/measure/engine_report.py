@@ -57,7 +57,7 @@ def what_if_rows(costs: dict[str, Any]) -> list[tuple[str, list[str]]]:
     return rows
 
 
-def render_markdown(data: dict[str, Any], command: str) -> str:
+def render_markdown(data: dict[str, Any], command: str, structured: bool = False) -> str:
     results: dict[str, dict[str, dict[str, Any]]] = data["results"]
     modes = list(next(iter(results.values())).keys()) if results else []
     out = [
@@ -69,7 +69,14 @@ def render_markdown(data: dict[str, Any], command: str) -> str:
         "",
         "Decode-phase tokens/s (first token excluded), ratio to plain decoding measured in the same run; "
         "acceptance = accepted / drafted tokens; MAL = mean acceptance length (1 + accepted / drafts); "
-        "`same` = greedy outputs identical to plain.",
+        "`same` = greedy outputs identical to plain."
+        + (
+            " Constrained prompts: `forced` = share of output tokens the grammar drafted and the target "
+            "accepted; `valid` = outputs that parse and validate against the schema; grammar = the grammar "
+            "engine's time per output token (masks of every verified row, forced tokens, commits)."
+            if structured
+            else ""
+        ),
         "",
         "| kind | " + " | ".join(modes) + " |",
         "|---|" + "---|" * len(modes),
@@ -81,12 +88,18 @@ def render_markdown(data: dict[str, Any], command: str) -> str:
             c = cells[mode]
             ratio = c["tokens_per_second"] / plain if plain else 0.0
             if mode == "plain":
-                row.append(f"{c['tokens_per_second']:.2f} tok/s")
+                cell = f"{c['tokens_per_second']:.2f} tok/s"
             else:
-                row.append(
+                cell = (
                     f"{ratio:.2f}x · acc {c['acceptance_rate']:.0%} · MAL {c['mean_acceptance_length']:.2f}"
                     f" · same {c['identical']}/{c['runs']}"
                 )
+            if structured:
+                cell += (
+                    f" · forced {c.get('forced_share', 0):.0%} · valid {c.get('valid', 0)}/{c['runs']}"
+                    f" · grammar {c.get('grammar_us_per_token', 0):.0f} µs/tok"
+                )
+            row.append(cell)
         out.append(f"| {kind} | " + " | ".join(row) + " |")
     costs = data["costs_ms"]
     out += ["", "Measured decode cost (ms per call, by tokens in the batch):", ""]

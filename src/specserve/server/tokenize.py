@@ -1,0 +1,89 @@
+"""vLLM's ``POST /tokenize`` and ``POST /detokenize``: the target's tokenizer over HTTP (clients count
+tokens and build prompts with it). A chat body (``messages``) is tokenized as the chat endpoint would."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Request
+from pydantic import Field, ValidationError
+
+from specserve.chat import ChatTemplateError, chat_prompt_ids
+from specserve.server import chat_request as c
+from specserve.server.errors import from_validation, invalid_request
+from specserve.server.request_body import json_object, read_body
+from specserve.server.state import ServerState
+from specserve.server.strict import StrictModel
+
+router = APIRouter()
+
+
+class TokenizeRequest(StrictModel):
+    """Either ``prompt`` (text) or ``messages`` (a chat and the ``tools`` offered, rendered as for chat)."""
+
+    model: str | None = Field(None, max_length=512)
+    prompt: str | None = None
+    messages: list[c.ChatMessage] | None = None
+    tools: list[c.ToolDefinition] | None = Field(None, max_length=128)
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(StrictModel):
+    model: str | None = Field(None, max_length=512)
+    tokens: list[Annotated[int, Field(ge=0)]] = Field(max_length=1_000_000)
+
+
+async def _body(request: Request) -> tuple[ServerState, dict[str, Any]]:
+    state: ServerState = request.app.state.server
+    state.require_engine()
+    raw = await read_body(request, state.settings.max_request_bytes, state.settings.client_timeout)
+    return state, json_object(raw)
+
+
+@router.post("/tokenize")
+async def tokenize(request: Request) -> dict[str, Any]:
+    state, body = await _body(request)
+    try:
+        req = TokenizeRequest.model_validate(body)
+    except ValidationError as exc:
+        raise from_validation(exc.errors()) from None
+    state.check_model(req.model)
+    engine = state.require_engine()
+    vocabulary = engine.vocabulary
+    if (req.prompt is None) == (not req.messages):
+        raise invalid_request("Give either 'prompt' or 'messages'.", "prompt")
+    if req.prompt is not None:
+        ids = vocabulary.tokenize(req.prompt, add_special=req.add_special_tokens)
+    else:
+        chat = c.ChatCompletionRequest.model_construct(
+            messages=req.messages, tools=req.tools, tool_choice=None
+        )
+        try:
+            ids = chat_prompt_ids(vocabulary, chat.chat_messages(), chat.template_tools())
+        except ChatTemplateError as exc:
+            raise invalid_request(str(exc), "messages") from None
+    result: dict[str, Any] = {
+        "count": len(ids),
+        "max_model_len": engine.info.context_per_sequence,
+        "tokens": ids,
+    }
+    if req.return_token_strs:
+        result["token_strs"] = [vocabulary.token_bytes(t).decode("utf-8", errors="replace") for t in ids]
+    return result
+
+
+@router.post("/detokenize")
+async def detokenize(request: Request) -> dict[str, Any]:
+    state, body = await _body(request)
+    try:
+        req = DetokenizeRequest.model_validate(body)
+    except ValidationError as exc:
+        raise from_validation(exc.errors()) from None
+    state.check_model(req.model)
+    engine = state.require_engine()
+    vocab = engine.info.vocab_size
+    if any(not 0 <= t < vocab for t in req.tokens):
+        raise invalid_request(f"Token ids must be in [0, {vocab}).", "tokens")
+    text = b"".join(engine.vocabulary.token_bytes(t) for t in req.tokens).decode("utf-8", errors="replace")
+    return {"prompt": text}

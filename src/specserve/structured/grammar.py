@@ -1,0 +1,177 @@
+"""Grammar specs → llguidance matchers, and one constrained sequence's grammar state.
+
+:class:`GrammarCompiler` turns a request's :class:`~specserve.request.GrammarSpec` into a matcher; a bad
+grammar is a :class:`GrammarError` (the server's 400). Compiled matchers are cached by spec, so the engine's
+copy for a new request is cheap. :class:`GrammarState` is one sequence's matcher at its committed output:
+
+* ``row_masks(draft_ids)``: the allowed-token bitmask of each verify row, the matcher walked through the
+  drafts and back: row ``j`` is the mask after ``draft_ids[:j]``. The walk stops at the first draft the
+  grammar forbids (that draft is then rejected by its own row's mask; later rows are never emitted).
+* ``forced(limit)``: the tokens the grammar allows as the only continuation (braces, keys, quotes, the tail
+  of an enum value): drafted for free, accepted wherever the target agrees, which under a mask that allows
+  one token it must.
+* ``commit(tokens)``: the emitted tokens consumed.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from specserve.errors import UserError
+from specserve.request import GrammarSpec
+from specserve.structured.tokenizer import GrammarVocabulary, llg_tokenizer
+
+CACHE_SIZE = 64
+"""Compiled grammars kept (a schema that agents send with every call compiles once)."""
+
+JSON_OBJECT_SCHEMA = '{"type": "object"}'
+JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+"""JSON as ``json.dumps`` writes it (``", "`` and ``": "``, the spelling models write unconstrained): one
+spelling, so separators, keys and braces are forced tokens the grammar drafts for free. A schema's own
+``x-guidance`` options override this."""
+
+
+class GrammarError(UserError, ValueError):
+    """A grammar that cannot be compiled, or output the grammar does not allow."""
+
+
+def llg_grammar(spec: GrammarSpec) -> str:
+    """The llguidance grammar text of a spec (its own JSON format)."""
+    import llguidance
+
+    try:
+        if spec.kind in ("json_object", "json_schema"):
+            schema = JSON_OBJECT_SCHEMA if spec.kind == "json_object" else spec.text
+            return str(
+                llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=cast(Any, JSON_OPTIONS))
+            )
+        if spec.kind == "choice":
+            choices = json.loads(spec.text)
+            if not (isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices)):
+                raise GrammarError("a choice must be a non-empty list of strings")
+        return str(llguidance.grammar_from(spec.kind, spec.text))  # type: ignore[arg-type]
+    except (ValueError, TypeError) as exc:
+        if isinstance(exc, GrammarError):
+            raise
+        raise GrammarError(f"invalid {spec.kind}: {exc}") from None
+
+
+class GrammarCompiler:
+    """Matchers for one target vocabulary; thread-safe (the server compiles, the engine copies)."""
+
+    def __init__(self, vocabulary: GrammarVocabulary, vocab_size: int) -> None:
+        self._vocabulary = vocabulary
+        self.vocab_size = vocab_size
+        self._tokenizer: Any = None
+        self._eos_ids: list[int] = []
+        self._cache: OrderedDict[GrammarSpec, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @property
+    def words(self) -> int:
+        """32-bit words of one bitmask row."""
+        return (self.vocab_size + 31) // 32
+
+    def tokenizer(self) -> Any:
+        with self._lock:
+            if self._tokenizer is None:
+                self._tokenizer, self._eos_ids = llg_tokenizer(self._vocabulary, self.vocab_size)
+            return self._tokenizer
+
+    def compile(self, spec: GrammarSpec) -> Any:
+        """A fresh ``llguidance.LLMatcher`` at the grammar's start; GrammarError if it does not compile."""
+        import llguidance
+
+        with self._lock:
+            cached = self._cache.get(spec)
+            if cached is not None:
+                self._cache.move_to_end(spec)
+                return cached.deep_copy()
+        grammar = llg_grammar(spec)
+        matcher = llguidance.LLMatcher(self.tokenizer(), grammar, log_level=0)
+        if matcher.is_error():
+            raise GrammarError(f"invalid {spec.kind}: {matcher.get_error()}")
+        with self._lock:
+            self._cache[spec] = matcher
+            while len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return matcher.deep_copy()
+
+    def state(self, spec: GrammarSpec) -> GrammarState:
+        matcher = self.compile(spec)
+        return GrammarState(matcher, self.words, self._eos_ids)
+
+
+class GrammarState:
+    """One sequence's grammar at its committed output (see the module docstring)."""
+
+    def __init__(self, matcher: Any, words: int, eos_ids: Sequence[int] = ()) -> None:
+        self._matcher = matcher
+        self._words = words
+        self._end = np.zeros(words, dtype=np.int32)  # the end-of-generation tokens only
+        for token in eos_ids:
+            self._end[token >> 5] |= np.int32(np.uint32(1 << (token & 31)).view(np.int32))
+        self.seconds = 0.0
+        """Time spent in the grammar engine for this sequence: masks, forced tokens, commits."""
+
+    def row_masks(self, draft_ids: Sequence[int]) -> npt.NDArray[np.int32]:  # [k + 1, words] int32
+        """The allowed tokens of each verify row; the matcher is left where it was."""
+        start = time.perf_counter()
+        masks = np.full((len(draft_ids) + 1, self._words), -1, dtype=np.int32)  # unused rows allow all
+        consumed = 0
+        for j in range(len(draft_ids) + 1):
+            self._fill(masks[j])
+            if j == len(draft_ids):
+                break
+            token = draft_ids[j]
+            if not _allowed(masks[j], token) or not self._matcher.consume_token(token):
+                break
+            consumed += 1
+        if consumed:
+            self._matcher.rollback(consumed)
+        self._check()
+        self.seconds += time.perf_counter() - start
+        return masks
+
+    def forced(self, limit: int) -> list[int]:
+        """Up to ``limit`` tokens the grammar forces next (none when it allows a choice)."""
+        if limit <= 0 or self._matcher.is_stopped():
+            return []
+        start = time.perf_counter()
+        tokens: list[int] = self._matcher.compute_ff_tokens()
+        self.seconds += time.perf_counter() - start
+        return tokens[:limit]
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        """Consume emitted tokens; each was allowed by its row's mask, so this cannot fail."""
+        start = time.perf_counter()
+        for token in tokens:
+            if not self._matcher.consume_token(token):
+                self._check()
+                raise GrammarError(f"token {token} was emitted against the grammar")
+        self.seconds += time.perf_counter() - start
+
+    def is_stopped(self) -> bool:
+        """The grammar allows nothing more (the output is complete)."""
+        return bool(self._matcher.is_stopped())
+
+    def _fill(self, row: npt.NDArray[np.int32]) -> None:
+        self._matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+        if not row.any():  # the grammar is complete (or the row follows its end): only an end may follow
+            row[:] = self._end if self._end.any() else -1
+
+    def _check(self) -> None:
+        if self._matcher.is_error():
+            raise GrammarError(f"grammar state failed: {self._matcher.get_error()}")
+
+
+def _allowed(mask: npt.NDArray[np.int32], token: int) -> bool:
+    return bool((int(mask[token >> 5]) >> (token & 31)) & 1)

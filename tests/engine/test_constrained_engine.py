@@ -1,0 +1,157 @@
+"""Penalties, logit_bias, stop_token_ids, grammars and logprobs through the engine, on tiny real models.
+
+Greedy output with speculation equals plain output token for token under every knob (each verified row is
+changed as plain decoding changes it at that position); grammar-constrained output is always valid; logprobs
+do not depend on speculation.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from specserve.backends.llama_cpp import LlamaCppRuntime
+from specserve.drafters.base import Drafter
+from specserve.drafters.draft_model import DraftModelDrafter
+from specserve.drafters.ngram import NgramDrafter
+from specserve.engine.cost_model import CostModel, StepCostTable
+from specserve.engine.draft_policy import FixedLengthPolicy
+from specserve.engine.engine import SpeculativeEngine
+from specserve.engine.options import EngineOptions
+from specserve.request import GrammarSpec, SamplingParams
+from specserve.sequence import Sequence, SpeculationOptions
+from specserve.verify.logprobs import TokenLogprobs
+from support.tiny_models import TinyModels
+
+PROMPT = "def add(self, other):\n    return self.value + other.value\n" * 2
+
+KNOBS = [
+    {"frequency_penalty": 1.5},
+    {"presence_penalty": 2.0},
+    {"repetition_penalty": 1.8},
+    {"logit_bias": ((40, 8.0), (41, -100.0))},
+    {"frequency_penalty": 0.7, "presence_penalty": -0.5, "repetition_penalty": 1.3},
+]
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "colour": {"enum": ["red", "green", "blue"]},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3},
+    },
+    "required": ["name", "age", "colour", "tags"],
+    "additionalProperties": False,
+}
+
+
+def _run(models: TinyModels, params: SamplingParams, drafter: str) -> Sequence:
+    """One request on a fresh engine (exact mode, fixed 4-token drafts, n-gram and close draft model)."""
+
+    def runtime(path: Path) -> LlamaCppRuntime:
+        return LlamaCppRuntime(path, context_per_sequence=512, max_sequences=2, n_threads=1)
+
+    drafters: dict[str, Drafter] = {
+        "ngram": NgramDrafter(),
+        "draft-model": DraftModelDrafter(runtime(models.draft_close), p_min=0.0),
+    }
+    costs = CostModel(StepCostTable.from_samples({1: 1.0, 64: 64.0}))
+    options = EngineOptions(tuple(drafters), 4)
+    engine = SpeculativeEngine(runtime(models.target), drafters, FixedLengthPolicy(), costs, options)
+    try:
+        ids = engine.target.tokenize(PROMPT)
+        seq = engine.add_request("r0", ids, params, SpeculationOptions(drafter=drafter))
+        while engine.has_work():
+            engine.step()
+        return seq
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("knobs", KNOBS, ids=lambda k: ",".join(k))
+def test_penalised_greedy_speculation_equals_plain(tiny_models: TinyModels, knobs: dict[str, object]) -> None:
+    params = SamplingParams(max_tokens=48, ignore_eos=True, **knobs)  # type: ignore[arg-type]
+    plain = _run(tiny_models, params, "none")
+    unpenalised = _run(tiny_models, SamplingParams(max_tokens=48, ignore_eos=True), "none")
+    assert plain.output_ids != unpenalised.output_ids  # the knob changes the answer
+    for drafter in ("ngram", "draft-model"):
+        spec = _run(tiny_models, params, drafter)
+        assert spec.output_ids == plain.output_ids, drafter
+        if drafter == "draft-model":  # (prompt lookup finds little to copy in penalised output)
+            assert spec.stats.num_drafts > 0 and spec.stats.num_accepted_tokens > 0
+
+
+def test_stop_token_ids_end_the_output_without_emitting(tiny_models: TinyModels) -> None:
+    free = _run(tiny_models, SamplingParams(max_tokens=32, ignore_eos=True), "none")
+    stop = free.output_ids[10]
+    first = free.output_ids.index(stop)
+    for drafter in ("none", "ngram", "draft-model"):
+        seq = _run(
+            tiny_models, SamplingParams(max_tokens=32, ignore_eos=True, stop_token_ids=(stop,)), drafter
+        )
+        assert seq.output_ids == free.output_ids[:first] and seq.finish_reason == "stop"
+
+
+def test_schema_constrained_output_validates_and_speculation_is_exact(tiny_models: TinyModels) -> None:
+    spec = GrammarSpec("json_schema", json.dumps(SCHEMA))
+    params = SamplingParams(max_tokens=200, grammar=spec)
+    plain = _run(tiny_models, params, "none")
+    jsonschema.validate(json.loads(plain.text), SCHEMA)
+    assert plain.finish_reason == "stop"
+    for drafter in ("auto", "ngram", "draft-model"):
+        seq = _run(tiny_models, params, drafter)
+        assert seq.output_ids == plain.output_ids, drafter
+        assert seq.stats.drafts_by_drafter.get("grammar", 0) > 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_sampled_constrained_output_always_validates(tiny_models: TinyModels, seed: int) -> None:
+    spec = GrammarSpec("json_schema", json.dumps(SCHEMA))
+    params = SamplingParams(temperature=1.0, seed=seed, max_tokens=200, grammar=spec, frequency_penalty=0.5)
+    seq = _run(tiny_models, params, "auto")
+    jsonschema.validate(json.loads(seq.text), SCHEMA)
+
+
+@pytest.mark.parametrize(
+    ("kind", "text", "check"),
+    [
+        ("regex", r"[0-9]{3}-[a-z]{2,4}", r"^[0-9]{3}-[a-z]{2,4}$"),
+        ("choice", json.dumps(["alpha", "beta", "gamma delta"]), r"^(alpha|beta|gamma delta)$"),
+        ("grammar", 'start: "x=" NUM ";"\nNUM: /[1-9][0-9]?/', r"^x=[1-9][0-9]?;$"),
+        ("json_object", "", r"^\{.*\}$"),
+    ],
+)
+def test_other_grammar_kinds(tiny_models: TinyModels, kind: str, text: str, check: str) -> None:
+    import re
+
+    seq = _run(tiny_models, SamplingParams(max_tokens=120, grammar=GrammarSpec(kind, text)), "auto")
+    assert re.match(check, seq.text, re.S), seq.text
+    if kind == "json_object":
+        assert isinstance(json.loads(seq.text), dict)
+
+
+def test_logprobs_do_not_depend_on_speculation(tiny_models: TinyModels) -> None:
+    params = SamplingParams(max_tokens=40, ignore_eos=True, logprobs=3)
+    plain = _run(tiny_models, params, "none")
+    assert len(plain.logprobs) == len(plain.output_ids)
+    for drafter in ("ngram", "draft-model"):
+        spec = _run(tiny_models, params, drafter)
+        assert spec.output_ids == plain.output_ids
+        assert spec.logprobs == plain.logprobs, drafter
+    first = plain.logprobs[0]
+    assert isinstance(first, TokenLogprobs)
+    assert first.token_id == plain.output_ids[0] and first.top[0][0] == first.token_id  # greedy: the top one
+    assert len(first.top) == 3 and first.top[0][1] >= first.top[1][1] >= first.top[2][1]
+
+
+@pytest.mark.parametrize(("kind", "text"), [("regex", ""), ("choice", '[""]')])
+def test_a_grammar_that_allows_only_the_empty_string_ends_at_once(
+    tiny_models: TinyModels, kind: str, text: str
+) -> None:
+    for drafter in ("none", "auto"):
+        seq = _run(tiny_models, SamplingParams(max_tokens=20, grammar=GrammarSpec(kind, text)), drafter)
+        assert seq.output_ids == [] and seq.finish_reason == "stop"
