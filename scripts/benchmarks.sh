@@ -31,6 +31,13 @@ $S bench --in-process --modes plain,auto --repeats 2 --output-dir "$OUT/engine-a
 # 3. Engine, fast mode (--no-exact): repacked weights allow longer verify batches.
 $S bench --in-process --no-exact --modes plain,ngram,auto --output-dir "$OUT/engine-fast" --max-tokens 128
 
+# 2c. Structured outputs: schema-constrained chat (4 schemas), plain vs grammar-forced drafts only vs the
+#     default policy, two rounds; then the grammar engine's own cost per token (llguidance; xgrammar beside
+#     it when installed).
+$S bench --in-process --structured --modes plain,grammar,auto --max-tokens 256 --threads 2 --repeats 2 \
+  --output-dir "$OUT/structured"
+$S bench --in-process --grammar-cost --output-dir "$OUT/grammar-cost"
+
 # 3b. evaluate: acceptance per drafter and draft length per built-in workload, expected speed-up, advice.
 $S evaluate --limit 1 --draft-lengths 2,4,8,16 --max-tokens 64 --output-dir "$OUT/evaluate"
 

@@ -89,3 +89,32 @@ def test_seeded_sampling_with_ngram_drafts_equals_plain_sampling(models: LoadedM
     speculative, drafts, _ = run(models, ("ngram",), sampled, rounds=1)
     assert drafts > 0
     assert speculative == plain
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 8}, "n": {"type": "integer", "maximum": 99}},
+    "required": ["name", "n"],
+    "additionalProperties": False,
+}
+
+
+def test_knobs_grammar_and_logprobs_on_the_device_path(models: LoadedModels) -> None:
+    """The torch verifier applies penalties and the grammar mask on the tensor, and logprobs are computed
+    where the logits are: greedy speculation equals plain under them."""
+    import json
+
+    from specserve.request import GrammarSpec
+
+    penalised = SamplingParams(
+        max_tokens=32, ignore_eos=True, frequency_penalty=1.2, repetition_penalty=1.3, logprobs=2
+    )
+    constrained = SamplingParams(
+        max_tokens=120, grammar=GrammarSpec("json_schema", json.dumps(SCHEMA)), logprobs=1
+    )
+    for params in (penalised, constrained):
+        plain, _, _ = run(models, (), params, rounds=1)
+        spec, drafts, _ = run(models, ("draft-model",), params, rounds=1)
+        assert spec == plain and drafts > 0
+    for output in plain[0]:  # the constrained run's three outputs
+        assert set(json.loads(models.target.detokenize(output))) == {"name", "n"}

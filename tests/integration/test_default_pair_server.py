@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import httpx
 import openai
@@ -77,7 +78,7 @@ def test_greedy_chat_is_identical_with_speculation_on_and_off(base_url: str) -> 
     assert int(stats["num_drafts"]) > 0 and int(stats["num_accepted_tokens"]) > 0  # type: ignore[call-overload]
 
 
-WEATHER = {
+WEATHER: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -94,21 +95,19 @@ ON_OFF = ({"speculative": {"enabled": False}}, {"speculative": {"enabled": True}
 
 def test_the_real_model_calls_a_tool_by_itself_and_answers_from_its_result(base_url: str) -> None:
     client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused")
-    messages: list[dict[str, object]] = [
-        {"role": "user", "content": "What's the weather like in Paris right now?"}
-    ]
+    messages: list[Any] = [{"role": "user", "content": "What's the weather like in Paris right now?"}]
     calls = []
     for extra in ON_OFF:
         response = client.chat.completions.create(
-            model=DEFAULT_TARGET, messages=messages, tools=[WEATHER], temperature=0, max_tokens=80,  # type: ignore[arg-type]
+            model=DEFAULT_TARGET, messages=messages, tools=[cast(Any, WEATHER)], temperature=0, max_tokens=80,
             extra_body=extra,
         )  # fmt: skip
         assert response.choices[0].finish_reason == "tool_calls"
-        call = (response.choices[0].message.tool_calls or [])[0]
+        call: Any = (response.choices[0].message.tool_calls or [])[0]
         calls.append((call.function.name, call.function.arguments))
     assert calls[0] == calls[1] and calls[0][0] == "get_weather"
     assert json.loads(calls[0][1])["city"] == "Paris"
-    history = [
+    history: list[Any] = [
         *messages,
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": "call_1", "type": "function", "function": {"name": calls[0][0], "arguments": calls[0][1]}},
@@ -118,9 +117,9 @@ def test_the_real_model_calls_a_tool_by_itself_and_answers_from_its_result(base_
     prompt = httpx.post(
         f"{base_url}/tokenize", json={"messages": history, "tools": [WEATHER], "return_token_strs": True}
     )
-    assert "<tool_response>\n" + history[-1]["content"] in "".join(prompt.json()["token_strs"])  # type: ignore[operator]
+    assert "<tool_response>\n" + history[-1]["content"] in "".join(prompt.json()["token_strs"])
     answer = client.chat.completions.create(
-        model=DEFAULT_TARGET, messages=history, tools=[WEATHER], temperature=0, max_tokens=60,  # type: ignore[arg-type]
+        model=DEFAULT_TARGET, messages=history, tools=[cast(Any, WEATHER)], temperature=0, max_tokens=60,
     )  # fmt: skip
     # The 1.5B Coder model often answers a tool result with another call (in its template's double-brace
     # spelling) rather than with the weather: its own weakness, so only the round trip is checked here.
@@ -162,9 +161,13 @@ def test_the_real_model_fills_a_schema_identically_with_speculation_on_and_off(b
 def test_langchain_and_the_llm_cli_call_tools_on_the_real_model(base_url: str, tmp_path: Path) -> None:
     from langchain_openai import ChatOpenAI
 
-    chat = ChatOpenAI(
-        model=DEFAULT_TARGET, base_url=f"{base_url}/v1", api_key="x", temperature=0, max_tokens=80
-    )
+    options: dict[str, Any] = {
+        "base_url": f"{base_url}/v1",
+        "api_key": "x",
+        "temperature": 0,
+        "max_tokens": 80,
+    }
+    chat = ChatOpenAI(model=DEFAULT_TARGET, **options)
     message = chat.bind_tools([WEATHER]).invoke("What's the weather like in Paris right now?")
     assert [c["name"] for c in message.tool_calls] == ["get_weather"]
     (tmp_path / "extra-openai-models.yaml").write_text(

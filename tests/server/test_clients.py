@@ -55,9 +55,13 @@ PERSON_FORMAT = {
 def chat_model(server: ServerProcess) -> Any:
     from langchain_openai import ChatOpenAI
 
-    return ChatOpenAI(
-        model=MODEL, base_url=f"{server.url}/v1", api_key="x", temperature=0, max_tokens=24, max_retries=0
-    )
+    options: dict[str, Any] = {
+        "base_url": f"{server.url}/v1",
+        "api_key": "x",
+        "max_tokens": 24,
+        "max_retries": 0,
+    }
+    return ChatOpenAI(model=MODEL, temperature=0, **options)
 
 
 def test_langchain_chat_and_stream(chat_model: Any) -> None:

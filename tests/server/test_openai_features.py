@@ -286,6 +286,25 @@ def test_completion_logprobs_and_echo(client: openai.OpenAI) -> None:
     assert echoed.choices[0].text == PROMPT + response.choices[0].text
 
 
+def _prefix_hits(server: ServerProcess) -> float:
+    metrics = httpx.get(f"{server.url}/metrics").text
+    return sum(
+        float(line.split()[-1])
+        for line in metrics.splitlines()
+        if line.startswith("specserve:prefix_cache_hits")
+    )
+
+
+def test_n_choices_reuse_the_prompt_kv(server: ServerProcess, client: openai.OpenAI) -> None:
+    prompt = "A prompt no other test sends, long enough for several cache blocks. " * 6
+    before = _prefix_hits(server)
+    response = client.completions.create(
+        model=MODEL, prompt=prompt, n=3, max_tokens=4, temperature=1.0, seed=5
+    )
+    assert len(response.choices) == 3 and response.usage is not None
+    assert _prefix_hits(server) - before >= 2 * (response.usage.prompt_tokens // 16) * 16 - 32  # choices 1, 2
+
+
 def test_n_choices_share_the_prompt_and_have_own_seeds(client: openai.OpenAI) -> None:
     ngram = {"speculative": {"enabled": True, "drafter": "ngram"}}  # model-free: same samples as plain
     response = chat(client, ngram, n=4, temperature=1.0, seed=11, max_tokens=16)

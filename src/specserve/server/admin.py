@@ -12,12 +12,12 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 from starlette.responses import Response
 
 from specserve.engine.async_engine import AsyncEngine, EngineDeadError
-from specserve.server.errors import from_validation, unavailable
-from specserve.server.request_body import json_object, read_body
+from specserve.server.errors import unavailable
+from specserve.server.request_body import read_model
 
 if TYPE_CHECKING:
     from specserve.server.state import ServerState
@@ -83,11 +83,8 @@ async def set_speculation(request: Request) -> dict[str, Any]:
     state: ServerState = request.app.state.server
     engine = state.require_engine()
     # The same limits and parser as /v1: JSON only, bounded size and time, no recursion errors.
-    raw = await read_body(request, state.settings.max_request_bytes, state.settings.client_timeout)
-    try:
-        switch = SpeculationSwitch.model_validate(json_object(raw))
-    except ValidationError as exc:
-        raise from_validation(exc.errors()) from None
+    settings = state.settings
+    switch = await read_model(request, SpeculationSwitch, settings.max_request_bytes, settings.client_timeout)
 
     try:  # applied on the engine thread between two steps: no step sees half a change
         await engine.set_speculation(switch.enabled, SWITCH_TIMEOUT_S)

@@ -4,8 +4,9 @@
 answers at once and ``/ready`` says 503 until the engine is built and calibrated), then serves requests
 through an :class:`AsyncEngine`: model computation never runs on the event loop.
 
-Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models`` (and
-``/v1/models/{id}``), ``GET /health`` (200 while the process serves), ``GET /ready``, and the debug endpoint
+Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (features and their semantics:
+docs/API.md), ``GET /v1/models`` (and ``/v1/models/{id}``), ``POST /tokenize`` and ``/detokenize``
+(server/tokenize.py), ``GET /health`` (200 while the process serves), ``GET /ready``, and the debug endpoint
 ``GET /v1/internal/state`` → ``{"ready", "running", "waiting", "finished": {reason: count}}``. Operations
 (metrics, logs, access control, the speculation switch) come from ``middleware``, ``auth`` and ``admin``.
 """
@@ -36,6 +37,7 @@ from specserve.server import chat_request as c
 from specserve.server import protocol as p
 from specserve.server import responses as r
 from specserve.server.admin import router as ops_router
+from specserve.server.chunks import ChunkFormat
 from specserve.server.errors import install_handlers, invalid_request
 from specserve.server.middleware import OpsMiddleware, current_record
 from specserve.server.openapi import install_openapi
@@ -43,7 +45,6 @@ from specserve.server.request_body import read_body
 from specserve.server.state import EngineFactory, ServerState
 from specserve.server.streaming import (
     Choice,
-    ChunkFormat,
     EventStreamResponse,
     admit,
     collect,

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Any, TypeVar
 
+from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
 
-from specserve.server.errors import APIError, invalid_request
+from specserve.server.errors import APIError, from_validation, invalid_request
 
 CLIENT_CLOSED = 499  # nginx's status for a request its client abandoned; never seen by that client
 
@@ -73,3 +74,15 @@ def json_object(raw: bytes) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise invalid_request("The request body must be a JSON object.")
     return body
+
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+async def read_model(request: Request, schema: type[ModelT], limit: int, timeout: float) -> ModelT:
+    """:func:`read_body`, then the body validated as ``schema``; any problem is a 4xx naming it."""
+    raw = await read_body(request, limit, timeout)
+    try:
+        return schema.model_validate(json_object(raw))
+    except ValidationError as exc:
+        raise from_validation(exc.errors()) from None

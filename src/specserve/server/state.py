@@ -85,6 +85,10 @@ class ServerState:
             if self.on_failure is not None:
                 self.on_failure(exc)
             return
+        try:  # llguidance's view of the vocabulary (about 1 s for 150k tokens), before ready, not on the
+            engine.grammars.tokenizer()  # first structured request
+        except Exception as exc:  # structured outputs then fail alone, with their own error
+            log.warning("the grammar engine could not read the vocabulary: %s", exc)
         with self._lock:
             if self._closed:  # shut down while loading
                 engine.close()

@@ -3,15 +3,16 @@ tokens and build prompts with it). A chat body (``messages``) is tokenized as th
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Request
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from specserve.chat import ChatTemplateError, chat_prompt_ids
+from specserve.engine.async_engine import AsyncEngine
 from specserve.server import chat_request as c
-from specserve.server.errors import from_validation, invalid_request
-from specserve.server.request_body import json_object, read_body
+from specserve.server.errors import invalid_request
+from specserve.server.request_body import read_model
 from specserve.server.state import ServerState
 from specserve.server.strict import StrictModel
 
@@ -34,22 +35,21 @@ class DetokenizeRequest(StrictModel):
     tokens: list[Annotated[int, Field(ge=0)]] = Field(max_length=1_000_000)
 
 
-async def _body(request: Request) -> tuple[ServerState, dict[str, Any]]:
+ModelT = TypeVar("ModelT", bound=StrictModel)
+
+
+async def _parse(request: Request, schema: type[ModelT]) -> tuple[AsyncEngine, ModelT]:
+    """The engine and the validated body (limits and errors as on /v1; the model named must be ours)."""
     state: ServerState = request.app.state.server
-    state.require_engine()
-    raw = await read_body(request, state.settings.max_request_bytes, state.settings.client_timeout)
-    return state, json_object(raw)
+    engine = state.require_engine()
+    req = await read_model(request, schema, state.settings.max_request_bytes, state.settings.client_timeout)
+    state.check_model(getattr(req, "model", None))
+    return engine, req
 
 
 @router.post("/tokenize")
 async def tokenize(request: Request) -> dict[str, Any]:
-    state, body = await _body(request)
-    try:
-        req = TokenizeRequest.model_validate(body)
-    except ValidationError as exc:
-        raise from_validation(exc.errors()) from None
-    state.check_model(req.model)
-    engine = state.require_engine()
+    engine, req = await _parse(request, TokenizeRequest)
     vocabulary = engine.vocabulary
     if (req.prompt is None) == (not req.messages):
         raise invalid_request("Give either 'prompt' or 'messages'.", "prompt")
@@ -75,13 +75,7 @@ async def tokenize(request: Request) -> dict[str, Any]:
 
 @router.post("/detokenize")
 async def detokenize(request: Request) -> dict[str, Any]:
-    state, body = await _body(request)
-    try:
-        req = DetokenizeRequest.model_validate(body)
-    except ValidationError as exc:
-        raise from_validation(exc.errors()) from None
-    state.check_model(req.model)
-    engine = state.require_engine()
+    engine, req = await _parse(request, DetokenizeRequest)
     vocab = engine.info.vocab_size
     if any(not 0 <= t < vocab for t in req.tokens):
         raise invalid_request(f"Token ids must be in [0, {vocab}).", "tokens")

@@ -60,6 +60,11 @@ def _add_bench(sub: Any) -> None:
     engine.add_argument("--modes", default="plain,ngram,draft-model,auto", help="Comma-separated modes.")
     engine.add_argument("--kinds", default=None, help="Comma-separated prompt kinds (default: all).")
     engine.add_argument(
+        "--grammar-cost",
+        action="store_true",
+        help="Per-token cost of the grammar engine (llguidance; xgrammar beside it when installed).",
+    )
+    engine.add_argument(
         "--structured",
         action="store_true",
         help="The schema-constrained workloads (JSON Schema per prompt): grammar-forced share, grammar cost.",

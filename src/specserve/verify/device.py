@@ -12,7 +12,8 @@ the target choice where it stopped, except that a draft-probs request rejected w
 landing within float64 rounding of a cumulative boundary, as torch and numpy sum in different orders).
 
 The host builds the step's small index and knob arrays in one loop over the requests and sends them in one
-copy per dtype; the emitted ids come back in one copy at the end.
+copy per dtype; the emitted ids come back in one copy at the end. Requests with a grammar or penalties have
+their rows adjusted on the device first (verify/device_adjust.py).
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ row of the step at once (otherwise one argmax per greedy sequence), then the lon
 each sequence (:func:`~specserve.verify.greedy.verify_greedy_choices` over
 the padded choices, integers only: no logits are copied and no softmax is computed). A sampled sequence
 has its own temperature, top-k, top-p and min-p, so its rows are filtered on their own and verified by
-:func:`~specserve.verify.rejection.verify_rejection`.
+:func:`~specserve.verify.rejection.verify_rejection`. A request with a grammar or penalties has a copy of its
+rows adjusted first (verify/adjust.py): greedy takes their argmax, sampling filters them.
 """
 
 from __future__ import annotations
@@ -34,26 +35,29 @@ class HostVerifier:
         starts = np.cumsum([0, *(r.num_rows for r in requests)])
         if target_logits.shape[0] != starts[-1]:
             raise ValueError(f"target_logits has {target_logits.shape[0]} rows, the requests {starts[-1]}")
-        if any(r.adjustment is not None for r in requests):
-            target_logits = _adjusted(target_logits, requests, starts)
+        adjusted = _adjusted(target_logits, requests, starts)
         emitted: list[list[int]] = [[] for _ in requests]
         greedy = [b for b, r in enumerate(requests) if r.params.greedy]
         if greedy:
-            for b, tokens in zip(greedy, self._greedy(target_logits, requests, starts, greedy), strict=True):
+            chosen = self._greedy(target_logits, adjusted, requests, starts, greedy)
+            for b, tokens in zip(greedy, chosen, strict=True):
                 emitted[b] = tokens
         for b, request in enumerate(requests):
             if not request.params.greedy:
-                emitted[b] = _sampled(target_logits[starts[b] : starts[b + 1]], request)
+                rows = adjusted.get(b, target_logits[starts[b] : starts[b + 1]])
+                emitted[b] = _sampled(rows, request)
         return emitted
 
     @staticmethod
     def _greedy(
         target_logits: npt.NDArray[np.float32],  # [rows, vocab] float32
+        adjusted: dict[int, npt.NDArray[np.float32]],  # request → its adjusted rows [num_rows, vocab]
         requests: Sequence[VerifyRequest],
         starts: npt.NDArray[np.int64],  # [len(requests) + 1] int64, where each request's rows begin
         greedy: list[int],  # indices of the greedy requests
     ) -> list[list[int]]:
-        """Emitted tokens of the greedy requests: one argmax over all rows when every request is greedy."""
+        """Emitted tokens of the greedy requests: one argmax over all rows when every request is greedy
+        (an adjusted request's own rows override its part)."""
         all_choices = greedy_argmax(target_logits) if len(greedy) == len(requests) else None  # [rows]
         max_k = max(len(requests[b].draft_ids) for b in greedy)
         draft_ids = np.full((len(greedy), max_k), PLACEHOLDER_TOKEN_ID, dtype=np.int64)
@@ -62,9 +66,12 @@ class HostVerifier:
             k = len(requests[b].draft_ids)
             draft_ids[i, :k] = requests[b].draft_ids
             lo, hi = starts[b], starts[b + 1]
-            choices[i, : k + 1] = (
-                all_choices[lo:hi] if all_choices is not None else greedy_argmax(target_logits[lo:hi])
-            )
+            if b in adjusted:
+                choices[i, : k + 1] = greedy_argmax(adjusted[b])
+            elif all_choices is not None:
+                choices[i, : k + 1] = all_choices[lo:hi]
+            else:
+                choices[i, : k + 1] = greedy_argmax(target_logits[lo:hi])
         num_draft = np.array([len(requests[b].draft_ids) for b in greedy], dtype=np.int64)
         result = verify_greedy_choices(draft_ids, num_draft, choices, target_logits.shape[-1])
         return [result.tokens(i) for i in range(len(greedy))]
@@ -74,13 +81,15 @@ def _adjusted(
     target_logits: npt.NDArray[np.float32],  # [rows, vocab] float32, not changed
     requests: Sequence[VerifyRequest],
     starts: npt.NDArray[np.int64],  # [len(requests) + 1] int64
-) -> npt.NDArray[np.float32]:  # [rows, vocab] float32
-    """A copy of the step's logits with each request's adjustment applied to its rows (the runtime's buffer
-    is left as it is: it may be a view into the model's own memory)."""
-    adjusted = np.array(target_logits, dtype=np.float32, copy=True)
+) -> dict[int, npt.NDArray[np.float32]]:  # request index → its rows [num_rows, vocab], adjusted
+    """A copy of each adjusted request's rows with its adjustment applied; the other requests' rows (and the
+    runtime's buffer, maybe a view into the model's own memory) are not copied or changed."""
+    adjusted: dict[int, npt.NDArray[np.float32]] = {}
     for b, request in enumerate(requests):
         if request.adjustment is not None:
-            adjust_logits(adjusted[starts[b] : starts[b + 1]], request.adjustment)
+            rows = np.array(target_logits[starts[b] : starts[b + 1]], dtype=np.float32, copy=True)
+            adjust_logits(rows, request.adjustment)
+            adjusted[b] = rows
     return adjusted
 
 

@@ -35,6 +35,12 @@ def measure_in_process(args: argparse.Namespace) -> int:
         )
         write_report(args.output_dir, data, render_llama_peer(data, command_line()), "llama_bench")
         return 0
+    if args.grammar_cost:
+        from specserve.tools.measure.grammar_cost import measure_grammar_cost, render_grammar_cost
+
+        data = measure_grammar_cost(resolve_model(settings, settings.target), rounds=max(args.repeats, 3))
+        write_report(args.output_dir, data, render_grammar_cost(data, command_line()), "grammar_cost")
+        return 0
     if args.exact_cost:
         from specserve.tools.measure.exact_cost import measure_exact_cost
 
