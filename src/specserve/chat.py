@@ -17,6 +17,7 @@ CHATML = (
 )
 
 ROLES = ("system", "user", "assistant", "tool")
+MARK_OPEN, MARK_CLOSE = "\ue000", "\ue001"
 
 
 class ChatTemplateError(UserError, ValueError):
@@ -27,7 +28,8 @@ def tojson(value: Any, indent: int | None = None, **_: Any) -> str:
     """transformers' ``tojson`` (plain JSON, non-ASCII kept: what the model saw in training), except that
     ``<|`` is written ``\u003c|``: a tool description or argument cannot spell a control token (the template's
     own text is tokenized with special tokens parsed)."""
-    return json.dumps(value, ensure_ascii=False, indent=indent).replace("<|", "\\u003c|")
+    text = json.dumps(value, ensure_ascii=False, indent=indent).replace("<|", "\\u003c|")
+    return text.replace(MARK_OPEN, "\\ue000").replace(MARK_CLOSE, "\\ue001")  # never a content marker
 
 
 def render_chat(
@@ -66,8 +68,9 @@ def render_chat(
         raise ChatTemplateError(f"chat template failed: {exc}") from exc
 
 
-# Private-use code points stand in for message contents while the template renders (see chat_prompt_ids).
-_MARK = re.compile("\ue000([0-9]+)\ue001")
+# Private-use code points stand in for message contents while the template renders (see chat_prompt_ids);
+# client text the template writes itself (tools, call arguments through tojson) has them escaped.
+_MARK = re.compile(MARK_OPEN + "([0-9]+)" + MARK_CLOSE)
 
 
 def chat_prompt_ids(
@@ -97,7 +100,10 @@ def chat_prompt_ids(
             ids += runtime.tokenize(text[pos:end], add_special=add_bos and not ids, parse_special=True)
         if match is None:
             return ids
-        content = str(messages[int(match.group(1))]["content"])
+        index = int(match.group(1))
+        if index >= len(messages):  # not one of ours: only client text can spell it
+            raise ChatTemplateError("a message contains text the chat template cannot take (U+E000)")
+        content = str(messages[index]["content"])
         if content:
             ids += runtime.tokenize(content, add_special=add_bos and not ids, parse_special=False)
         pos = match.end()

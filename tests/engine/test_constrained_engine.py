@@ -8,13 +8,14 @@ do not depend on speculation.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence as Seq
 from pathlib import Path
 
 import jsonschema
 import pytest
 
 from specserve.backends.llama_cpp import LlamaCppRuntime
-from specserve.drafters.base import Drafter
+from specserve.drafters.base import Drafter, DraftOption, Proposal
 from specserve.drafters.draft_model import DraftModelDrafter
 from specserve.drafters.ngram import NgramDrafter
 from specserve.engine.cost_model import CostModel, StepCostTable
@@ -155,3 +156,71 @@ def test_a_grammar_that_allows_only_the_empty_string_ends_at_once(
     for drafter in ("none", "auto"):
         seq = _run(tiny_models, SamplingParams(max_tokens=20, grammar=GrammarSpec(kind, text)), drafter)
         assert seq.output_ids == [] and seq.finish_reason == "stop"
+
+
+class _Scripted(Drafter):
+    """Proposes a fixed continuation of the prompt (what a draft model that knows the answer would)."""
+
+    name = "scripted"
+
+    def __init__(self, script: list[int]) -> None:
+        self.script = script
+
+    def available(self, seq: Sequence, limit: int) -> DraftOption:
+        return DraftOption(min(limit, len(self.script) - len(seq.output_ids)))
+
+    def propose(self, seqs: Seq[Sequence], num_tokens: Seq[int]) -> list[Proposal]:
+        return [
+            Proposal(self.script[len(s.output_ids) : len(s.output_ids) + n])
+            for s, n in zip(seqs, num_tokens, strict=True)
+        ]
+
+
+@pytest.mark.parametrize("ends", [1, 2, 3])
+def test_drafted_ends_after_a_complete_grammar_keep_it_in_step(tiny_models: TinyModels, ends: int) -> None:
+    """A draft that completes the grammar followed by end-of-generation drafts: the end is never consumed
+    by the matcher (it would not record it, and the rollback would undo a committed token)."""
+    spec = GrammarSpec("json_object")  # its closing brace is not forced: the scripted drafter drafts it
+    plain = _run(tiny_models, SamplingParams(max_tokens=200, grammar=spec), "none")
+    assert plain.finish_reason == "stop"
+    runtime = LlamaCppRuntime(tiny_models.target, context_per_sequence=512, max_sequences=2, n_threads=1)
+    eos = next(t for t in range(runtime.info.vocab_size) if runtime.is_eog(t))
+    drafter = _Scripted([*plain.output_ids, *[eos] * ends])
+    costs = CostModel(StepCostTable.from_samples({1: 1.0, 64: 64.0}))
+    engine = SpeculativeEngine(
+        runtime, {"scripted": drafter}, FixedLengthPolicy(), costs, EngineOptions(("scripted",), 8)
+    )
+    try:
+        seq = engine.add_request("r", runtime.tokenize(PROMPT), SamplingParams(max_tokens=200, grammar=spec))
+        while engine.has_work():
+            engine.step()
+    finally:
+        engine.close()
+    assert seq.finish_reason == "stop" and seq.output_ids == plain.output_ids
+
+
+def test_a_grammar_that_fails_mid_request_fails_only_that_request(tiny_models: TinyModels) -> None:
+    """An ambiguous grammar past llguidance's limits: that request ends with 'error', the other goes on."""
+    runtime = LlamaCppRuntime(tiny_models.target, context_per_sequence=512, max_sequences=2, n_threads=1)
+    costs = CostModel(StepCostTable.from_samples({1: 1.0, 64: 64.0}))
+    engine = SpeculativeEngine(
+        runtime, {"ngram": NgramDrafter()}, FixedLengthPolicy(), costs, EngineOptions(("ngram",), 8)
+    )
+    try:
+        ids = runtime.tokenize(PROMPT)
+        bad = engine.add_request(
+            "bad",
+            ids,
+            SamplingParams(
+                max_tokens=400,
+                ignore_eos=True,
+                grammar=GrammarSpec("grammar", 'start: x\nx: "a" | x x | x x x'),
+            ),
+        )
+        good = engine.add_request("good", ids, SamplingParams(max_tokens=60, ignore_eos=True))
+        while engine.has_work():
+            engine.step()
+    finally:
+        engine.close()
+    assert bad.finish_reason == "error" and good.finish_reason == "length"
+    assert len(good.output_ids) == 60

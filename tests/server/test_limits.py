@@ -63,6 +63,19 @@ def test_timeout_non_streamed_is_504(limits_server: ServerProcess) -> None:
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
 
 
+def test_n_choices_time_out_together_as_one_504(limits_server: ServerProcess) -> None:
+    """n = 2 on a server with one slot: a choice's timeout ends the request with a 504 (not a 500), the
+    other choice is aborted with it, and the server serves the next request."""
+    response = httpx.post(f"{limits_server.url}/v1/completions", json={**LONG, "n": 2}, timeout=30)
+    assert response.status_code == 504, response.text
+    deadline = time.monotonic() + 10
+    while limits_server.state()["running"] or limits_server.state()["waiting"]:
+        assert time.monotonic() < deadline, limits_server.state()
+        time.sleep(0.05)
+    ok = httpx.post(f"{limits_server.url}/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=30)
+    assert ok.status_code == 200
+
+
 def test_timeout_streamed_ends_with_error_event_then_done(limits_server: ServerProcess) -> None:
     with httpx.stream(
         "POST", f"{limits_server.url}/v1/chat/completions", timeout=30,

@@ -1,5 +1,5 @@
 """Logprobs of emitted tokens: log-softmax of the raw rows, top alternatives most likely first (ties: lowest
-id), the same numbers from numpy and from a tensor."""
+id), the same numbers (to 1e-6: the host sums exponentials of float32 logits) from numpy and from a tensor."""
 
 from __future__ import annotations
 
@@ -28,6 +28,6 @@ def test_device_logprobs_equal_the_host() -> None:
     host = token_logprobs(rows, tokens, 5)
     device = token_logprobs(torch.from_numpy(rows), tokens, 5)
     for h, d in zip(host, device, strict=True):
-        assert h.token_id == d.token_id and h.logprob == pytest.approx(d.logprob, abs=1e-9)
+        assert h.token_id == d.token_id and h.logprob == pytest.approx(d.logprob, abs=1e-6)
         assert [t for t, _ in h.top] == [t for t, _ in d.top]
-        assert np.allclose([v for _, v in h.top], [v for _, v in d.top], atol=1e-9)
+        assert np.allclose([v for _, v in h.top], [v for _, v in d.top], atol=1e-6)

@@ -14,7 +14,7 @@ from collections.abc import Sequence as Seq
 
 from specserve.drafters.base import Drafter, DraftOption, Proposal
 from specserve.sequence import Sequence
-from specserve.structured.grammar import GrammarState
+from specserve.structured.grammar import GrammarError, GrammarState
 
 FORCED_BUCKET = "forced"
 
@@ -28,7 +28,10 @@ class GrammarDrafter(Drafter):
         state = seq.grammar
         if not isinstance(state, GrammarState):
             return DraftOption(0)
-        forced = state.forced(limit)
+        try:
+            forced = state.forced(limit)
+        except GrammarError:  # the request fails on its own at its next mask; nothing to draft
+            return DraftOption(0)
         seq.drafter_state[self.name] = forced
         return DraftOption(len(forced), FORCED_BUCKET)
 

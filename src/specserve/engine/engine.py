@@ -45,6 +45,9 @@ class Emitting:
     request: VerifyRequest
     plan: DraftPlan | None
     """The draft plan of a decoding sequence; None for the first token after a prompt."""
+    error: Exception | None = None
+    """Building its request failed (its grammar, say): it fails alone at commit; ``request`` then only keeps
+    the step's rows aligned."""
 
 
 @dataclass
@@ -179,10 +182,9 @@ class SpeculativeEngine:
         logits = self._evaluate(batch.prefills, batch.decodes, proposals)
         emitting = self._emitting(batch.prefills, batch.decodes, plans, proposals)
         emitted = self._verify(emitting, logits)
-        self._logprobs(emitting, emitted, logits)
         self._account(batch.prefills, batch.decodes)
         outputs = [
-            self._isolated(e.seq, self._commit_step, e, tokens)
+            self._isolated(e.seq, self._commit_step, e, tokens, logits)
             for e, tokens in zip(emitting, emitted, strict=True)
         ]
         return [o for o in outputs if o is not None]
@@ -245,14 +247,23 @@ class SpeculativeEngine:
         """The sequences that emit tokens this step, in the order of their logits rows: those whose last
         prompt chunk was just evaluated (their first token), then every decoding sequence."""
         emitting = [
-            Emitting(seq, chunk, self._request(seq, [], None), None)
+            self._emitter(seq, chunk, [], None, None)
             for chunk, (seq, _) in enumerate(prefills)
             if not seq.is_prefilling
         ]
         for i, (seq, plan, proposal) in enumerate(zip(decodes, plans, proposals, strict=True)):
-            request = self._request(seq, proposal.token_ids, proposal.draft_probs)
-            emitting.append(Emitting(seq, len(prefills) + i, request, plan))
+            emitting.append(
+                self._emitter(seq, len(prefills) + i, proposal.token_ids, proposal.draft_probs, plan)
+            )
         return emitting
+
+    def _emitter(
+        self, seq: Sequence, chunk: int, drafts: list[int], draft_probs: Any, plan: DraftPlan | None
+    ) -> Emitting:
+        try:
+            return Emitting(seq, chunk, self._request(seq, drafts, draft_probs), plan)
+        except Exception as exc:  # its rows still take part in the step's one verifier call, unadjusted
+            return Emitting(seq, chunk, VerifyRequest(drafts, SamplingParams()), plan, exc)
 
     @staticmethod
     def _request(seq: Sequence, drafts: list[int], draft_probs: Any) -> VerifyRequest:
@@ -266,17 +277,6 @@ class SpeculativeEngine:
         accept = seq.uniforms.take(ACCEPT_STREAM, position, k)
         sample = seq.uniforms.take(SAMPLE_STREAM, position, k + 1)
         return VerifyRequest(drafts, seq.params, draft_probs, accept, sample, adjustment)
-
-    @staticmethod
-    def _logprobs(
-        emitting: list[Emitting], emitted: list[list[int] | Exception], logits: StepLogits[Any]
-    ) -> None:
-        """Log-probabilities of the emitted tokens, from the target rows that chose them, for the requests
-        that asked (before the rows are overwritten by the next pass)."""
-        for e, tokens in zip(emitting, emitted, strict=True):
-            if e.seq.params.logprobs is not None and not isinstance(tokens, Exception):
-                rows = logits[e.chunk][: len(tokens)]
-                e.seq.logprobs.extend(token_logprobs(rows, tokens, e.seq.params.logprobs))
 
     def _verify(self, emitting: list[Emitting], logits: StepLogits[Any]) -> list[list[int] | Exception]:
         """One verifier call over every emitting sequence's rows, where the runtime left them; should it
@@ -297,11 +297,20 @@ class SpeculativeEngine:
 
     # -- commit / rollback ------------------------------------------------------------------------
 
-    def _commit_step(self, emitting: Emitting, emitted: list[int] | Exception) -> RequestOutput:
-        """Accepted drafts plus one target token: roll back the rejected drafts' KV, then append."""
+    def _commit_step(
+        self, emitting: Emitting, emitted: list[int] | Exception, logits: StepLogits[Any]
+    ) -> RequestOutput:
+        """Accepted drafts plus one target token: roll back the rejected drafts' KV, then append (with their
+        logprobs, from the rows that chose them, when the request asked)."""
+        if emitting.error is not None:
+            raise emitting.error
         if isinstance(emitted, Exception):
             raise emitted
         seq, plan = emitting.seq, emitting.plan
+        if seq.params.logprobs is not None:
+            seq.logprobs.extend(
+                token_logprobs(logits[emitting.chunk][: len(emitted)], emitted, seq.params.logprobs)
+            )
         if plan is None:  # the first token after the prompt
             if self.prefix_cache is not None:
                 self.prefix_cache.prefilled(seq)

@@ -129,6 +129,7 @@ async def generate(request: Request, chat: bool) -> Response:
     state.check_model(req.model)
     ids = await prompt_ids(prepare, len(raw))
     params = req.sampling_params(len(ids), info.context_per_sequence, "messages" if chat else "prompt")
+    check_token_ids(params, info.vocab_size)
     if params.grammar is not None:
         await compile_grammar(engine, params.grammar)
     speculation = state.speculation(engine, req.speculative)
@@ -182,6 +183,16 @@ async def start_choices(
         await release_choices(choices)
         raise
     return choices
+
+
+def check_token_ids(params: SamplingParams, vocab: int) -> None:
+    """Token ids in logit_bias and stop_token_ids exist (a 400 before a stream starts, not an error event)."""
+    for name, ids in (
+        ("logit_bias", [t for t, _ in params.logit_bias]),
+        ("stop_token_ids", params.stop_token_ids),
+    ):
+        if any(not 0 <= t < vocab for t in ids):
+            raise invalid_request(f"Token ids in {name} must be in [0, {vocab}).", name)
 
 
 async def compile_grammar(engine: AsyncEngine, spec: GrammarSpec) -> None:

@@ -24,6 +24,10 @@ FUNCTION_NAME = r"^[A-Za-z0-9_.\-]{1,64}$"
 """OpenAI's rule for function names; it also keeps template text out of the names the template writes raw."""
 
 
+CALL_ID = r"^[A-Za-z0-9_.:\-]{1,256}$"
+"""Tool call ids as clients send them (``call_…``, Mistral's 9 characters): templates may print them raw."""
+
+
 class FunctionDefinition(StrictModel):
     name: str = Field(pattern=FUNCTION_NAME)
     description: str | None = None
@@ -53,7 +57,7 @@ class CalledFunction(StrictModel):
 class ToolCallIn(StrictModel):
     """An assistant message's earlier tool call, as the client sends it back in the history."""
 
-    id: str | None = Field(None, max_length=256)
+    id: str | None = Field(None, pattern=CALL_ID)
     type: Literal["function"] = "function"
     function: CalledFunction
 
@@ -77,7 +81,7 @@ class ChatMessage(StrictModel):
     content: str
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
-    tool_call_id: str | None = Field(None, max_length=256)
+    tool_call_id: str | None = Field(None, pattern=CALL_ID)
 
     @model_validator(mode="before")
     @classmethod

@@ -114,7 +114,8 @@ class ChunkFormat:
         if not calls:
             return r.AssistantMessage(content=content), reason
         tool_calls = [r.ToolCall.model_validate(c) for c in calls]
-        return r.AssistantMessage(content=content or None, tool_calls=tool_calls), "tool_calls"
+        message = r.AssistantMessage(content=content or None, tool_calls=tool_calls)
+        return message, "tool_calls" if reason == "stop" else reason  # as streamed: a cut call says length
 
 
 def _merged_stats(seqs: list[Sequence]) -> dict[str, float | int]:

@@ -161,7 +161,7 @@ class SamplingRequest(StrictModel):
     @classmethod
     def _bias(cls, value: dict[str, float]) -> dict[str, float]:
         for key, bias in value.items():
-            if not key.isdigit():
+            if not key.isdigit() or key != str(int(key)):  # "05" would be a second entry for token 5
                 raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
             if not -100.0 <= bias <= 100.0:
                 raise ValueError(f"logit_bias values must be in [-100, 100], got {bias}")

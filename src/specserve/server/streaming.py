@@ -245,8 +245,16 @@ async def collect(
     """The whole text (and logprobs) of each choice of a non-streamed request; a client that disconnects
     aborts them all."""
     watcher = asyncio.create_task(abort_on_disconnect(request, engine, [c.request_id for c in choices]))
+    tasks = [asyncio.create_task(_collect_one(c)) for c in choices]
     try:
-        return list(await asyncio.gather(*(_collect_one(c) for c in choices)))
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in tasks:  # one choice failed: stop the others before their generators are closed
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        failure = next((t.exception() for t in tasks if not t.cancelled() and t.exception()), None)
+        if failure is not None:
+            raise failure
+        return [task.result() for task in tasks]
     except Exception as exc:
         error = from_engine_error(exc)
         if error is None:
@@ -254,6 +262,9 @@ async def collect(
         raise error from None
     finally:
         watcher.cancel()
+        for task in tasks:  # the handler itself was cancelled: so are its choices
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await release_choices(choices)
 
 

@@ -3,11 +3,13 @@ tokens and build prompts with it). A chat body (``messages``) is tokenized as th
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Request
 from pydantic import Field
 
+from specserve.backends.base import Vocabulary
 from specserve.chat import ChatTemplateError, chat_prompt_ids
 from specserve.engine.async_engine import AsyncEngine
 from specserve.server import chat_request as c
@@ -53,16 +55,10 @@ async def tokenize(request: Request) -> dict[str, Any]:
     vocabulary = engine.vocabulary
     if (req.prompt is None) == (not req.messages):
         raise invalid_request("Give either 'prompt' or 'messages'.", "prompt")
-    if req.prompt is not None:
-        ids = vocabulary.tokenize(req.prompt, add_special=req.add_special_tokens)
-    else:
-        chat = c.ChatCompletionRequest.model_construct(
-            messages=req.messages, tools=req.tools, tool_choice=None
-        )
-        try:
-            ids = chat_prompt_ids(vocabulary, chat.chat_messages(), chat.template_tools())
-        except ChatTemplateError as exc:
-            raise invalid_request(str(exc), "messages") from None
+    try:  # off the event loop: a body may hold megabytes of text
+        ids = await asyncio.to_thread(_token_ids, vocabulary, req)
+    except UnicodeEncodeError:
+        raise invalid_request("The text is not valid Unicode (it holds a lone surrogate).") from None
     result: dict[str, Any] = {
         "count": len(ids),
         "max_model_len": engine.info.context_per_sequence,
@@ -71,6 +67,16 @@ async def tokenize(request: Request) -> dict[str, Any]:
     if req.return_token_strs:
         result["token_strs"] = [vocabulary.token_bytes(t).decode("utf-8", errors="replace") for t in ids]
     return result
+
+
+def _token_ids(vocabulary: Vocabulary, req: TokenizeRequest) -> list[int]:
+    if req.prompt is not None:
+        return vocabulary.tokenize(req.prompt, add_special=req.add_special_tokens)
+    chat = c.ChatCompletionRequest.model_construct(messages=req.messages, tools=req.tools, tool_choice=None)
+    try:
+        return chat_prompt_ids(vocabulary, chat.chat_messages(), chat.template_tools())
+    except ChatTemplateError as exc:
+        raise invalid_request(str(exc), "messages") from None
 
 
 @router.post("/detokenize")

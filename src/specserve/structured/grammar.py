@@ -29,8 +29,13 @@ from specserve.errors import UserError
 from specserve.request import GrammarSpec
 from specserve.structured.tokenizer import GrammarVocabulary, llg_tokenizer
 
-CACHE_SIZE = 64
+CACHE_SIZE = 256
 """Compiled grammars kept (a schema that agents send with every call compiles once)."""
+STEP_BUDGET_S = 0.25
+"""The most one grammar call (a step's masks, forced tokens, a commit) may take before its request fails."""
+MAX_ITEMS_IN_ROW, STEP_MAX_ITEMS, STEP_LEXER_FUEL = 500, 20_000, 100_000
+"""llguidance's parser limits, below its defaults (2000, 50k, 200k): an ambiguous grammar fails early (a 400,
+or its request failing alone) instead of slowing every step."""
 
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -96,7 +101,10 @@ class GrammarCompiler:
                 self._cache.move_to_end(spec)
                 return cached.deep_copy()
         grammar = llg_grammar(spec)
-        matcher = llguidance.LLMatcher(self.tokenizer(), grammar, log_level=0)
+        limits = llguidance.LLParserLimits(
+            max_items_in_row=MAX_ITEMS_IN_ROW, step_max_items=STEP_MAX_ITEMS, step_lexer_fuel=STEP_LEXER_FUEL
+        )
+        matcher = llguidance.LLMatcher(self.tokenizer(), grammar, log_level=0, limits=limits)
         if matcher.is_error():
             raise GrammarError(f"invalid {spec.kind}: {matcher.get_error()}")
         with self._lock:
@@ -116,6 +124,7 @@ class GrammarState:
     def __init__(self, matcher: Any, words: int, eos_ids: Sequence[int] = ()) -> None:
         self._matcher = matcher
         self._words = words
+        self._eos = frozenset(eos_ids)
         self._end = np.zeros(words, dtype=np.int32)  # the end-of-generation tokens only
         for token in eos_ids:
             self._end[token >> 5] |= np.int32(np.uint32(1 << (token & 31)).view(np.int32))
@@ -123,22 +132,32 @@ class GrammarState:
         """Time spent in the grammar engine for this sequence: masks, forced tokens, commits."""
 
     def row_masks(self, draft_ids: Sequence[int]) -> npt.NDArray[np.int32]:  # [k + 1, words] int32
-        """The allowed tokens of each verify row; the matcher is left where it was."""
+        """The allowed tokens of each verify row; the matcher is left where it was.
+
+        The walk stops at the first draft the grammar forbids and at an end-of-generation draft: rows after
+        either are never emitted (the first is rejected by its own row, the second ends the output), and an
+        end is never consumed — a complete grammar's matcher takes it without recording it, so counting it
+        would roll back a committed token."""
         start = time.perf_counter()
         masks = np.full((len(draft_ids) + 1, self._words), -1, dtype=np.int32)  # unused rows allow all
         consumed = 0
-        for j in range(len(draft_ids) + 1):
-            self._fill(masks[j])
-            if j == len(draft_ids):
-                break
-            token = draft_ids[j]
-            if not _allowed(masks[j], token) or not self._matcher.consume_token(token):
-                break
-            consumed += 1
-        if consumed:
-            self._matcher.rollback(consumed)
+        try:
+            for j in range(len(draft_ids) + 1):
+                self._fill(masks[j])
+                if j == len(draft_ids):
+                    break
+                token = draft_ids[j]
+                if token in self._eos or not _allowed(masks[j], token) or self._matcher.is_stopped():
+                    break
+                if not self._matcher.consume_token(token):
+                    self._check()
+                    break
+                consumed += 1
+            if consumed and not self._matcher.rollback(consumed):
+                self._check()
+        finally:
+            self._charge(start)
         self._check()
-        self.seconds += time.perf_counter() - start
         return masks
 
     def forced(self, limit: int) -> list[int]:
@@ -146,18 +165,33 @@ class GrammarState:
         if limit <= 0 or self._matcher.is_stopped():
             return []
         start = time.perf_counter()
-        tokens: list[int] = self._matcher.compute_ff_tokens()
-        self.seconds += time.perf_counter() - start
+        try:
+            tokens: list[int] = self._matcher.compute_ff_tokens()
+        finally:
+            self._charge(start)
         return tokens[:limit]
 
     def commit(self, tokens: Sequence[int]) -> None:
-        """Consume emitted tokens; each was allowed by its row's mask, so this cannot fail."""
+        """Consume emitted tokens; each was allowed by its row's mask, so this cannot fail. An end of
+        generation is not consumed (the output ends there)."""
         start = time.perf_counter()
-        for token in tokens:
-            if not self._matcher.consume_token(token):
-                self._check()
-                raise GrammarError(f"token {token} was emitted against the grammar")
-        self.seconds += time.perf_counter() - start
+        try:
+            for token in tokens:
+                if token in self._eos:
+                    continue
+                if not self._matcher.consume_token(token):
+                    self._check()
+                    raise GrammarError(f"token {token} was emitted against the grammar")
+        finally:
+            self._charge(start)
+
+    def _charge(self, start: float) -> None:
+        """Count the time since ``start``; one call past STEP_BUDGET_S fails the request (alone): a grammar
+        whose parse keeps growing must not stall every sequence of the batch."""
+        elapsed = time.perf_counter() - start
+        self.seconds += elapsed
+        if elapsed > STEP_BUDGET_S:
+            raise GrammarError(f"the grammar took {elapsed:.2f} s for one step (limit {STEP_BUDGET_S} s)")
 
     def is_stopped(self) -> bool:
         """The grammar allows nothing more (the output is complete)."""

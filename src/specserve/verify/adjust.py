@@ -64,12 +64,21 @@ def build_adjustment(
     if params.repetition_penalty == 1.0 and not counts_only:
         empty = np.zeros((rows, 0), dtype=np.int64)
         return LogitAdjustment(allowed, bias_ids, bias_values, empty, empty)
-    base = np.asarray([*output_ids, *draft_ids], dtype=np.int64)
-    prompt = np.asarray(prompt_ids if params.repetition_penalty != 1.0 else (), dtype=np.int64)
+    # The committed output is counted once per step; each row adds only its drafts (a long output or prompt
+    # must not be re-sorted per row).
+    base_ids, base_counts = np.unique(np.asarray(output_ids, dtype=np.int64), return_counts=True)
+    prompt_only = np.empty(0, dtype=np.int64)
+    if params.repetition_penalty != 1.0:
+        prompt_only = np.setdiff1d(np.asarray(prompt_ids, dtype=np.int64), base_ids)
+    drafts = np.asarray(draft_ids, dtype=np.int64)
     seen_rows, count_rows = [], []
     for j in range(rows):
-        ids, counts = np.unique(base[: len(output_ids) + j], return_counts=True)
-        extra = np.setdiff1d(prompt, ids, assume_unique=False)
+        ids, counts = base_ids, base_counts
+        if j:
+            merged, inverse = np.unique(np.concatenate([base_ids, drafts[:j]]), return_inverse=True)
+            weights = np.concatenate([base_counts, np.ones(j, dtype=np.int64)])
+            ids, counts = merged, np.bincount(inverse, weights=weights).astype(np.int64)
+        extra = prompt_only[~np.isin(prompt_only, drafts[:j])] if j and prompt_only.size else prompt_only
         seen_rows.append(np.concatenate([ids, extra]))
         count_rows.append(np.concatenate([counts, np.zeros(extra.size, dtype=np.int64)]))
     width = max(r.size for r in seen_rows)

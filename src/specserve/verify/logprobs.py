@@ -22,7 +22,8 @@ class TokenLogprobs:
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...]
-    """Up to the requested number of (token id, logprob), most likely first (ties: lowest id)."""
+    """Up to the requested number of (token id, logprob), most likely first (ties: lowest id first; which of
+    several tokens tied at the last place makes the list is unspecified)."""
 
 
 def token_logprobs(
@@ -50,20 +51,33 @@ def token_logprobs(
 def _host(
     rows: np.ndarray[Any, Any], token_ids: Sequence[int], top_n: int
 ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-    values = rows[: len(token_ids)].astype(np.float64)
-    values -= values.max(axis=-1, keepdims=True)
-    values -= np.log(np.exp(values).sum(axis=-1, keepdims=True))
-    chosen = values[np.arange(len(token_ids)), np.asarray(token_ids)]
-    order = np.argsort(-values, axis=-1, kind="stable")[:, :top_n]
-    return chosen, order, np.take_along_axis(values, order, axis=-1)
+    """No sort and no float64 copy of the vocabulary: a log-sum-exp per row (summed in float64), a
+    partition for the top's threshold, then only the candidates at or above it sorted."""
+    n = len(token_ids)
+    logits = rows[:n]
+    peak = logits.max(axis=-1, keepdims=True)
+    log_total = peak.astype(np.float64) + np.log(
+        np.exp(logits - peak).sum(axis=-1, dtype=np.float64, keepdims=True)
+    )
+    chosen = logits[np.arange(n), np.asarray(token_ids)].astype(np.float64) - log_total[:, 0]
+    top = np.zeros((n, top_n), dtype=np.int64)
+    if top_n:
+        threshold = np.partition(logits, -top_n, axis=-1)[:, -top_n]
+        for i in range(n):
+            candidates = np.flatnonzero(logits[i] >= threshold[i])  # ascending ids
+            order = np.argsort(-logits[i, candidates], kind="stable")[:top_n]  # ties: lowest id first
+            top[i] = candidates[order]
+    top_values = np.take_along_axis(logits, top, axis=-1).astype(np.float64) - log_total
+    return chosen, top, top_values
 
 
 def _device(rows: Any, token_ids: Sequence[int], top_n: int) -> tuple[Any, Any, Any]:
+    """On the logits' device: a log-softmax and ``topk``; only the numbers asked for come back."""
     import torch
 
     values = torch.log_softmax(rows[: len(token_ids)].double(), dim=-1)
     ids = torch.tensor(list(token_ids), device=values.device)
     chosen = values.gather(1, ids[:, None])[:, 0]
-    top_values, top_ids = torch.sort(values, dim=-1, descending=True, stable=True)
-    packed = torch.cat([chosen[:, None], top_values[:, :top_n], top_ids[:, :top_n].double()], dim=1).cpu()
+    top_values, top_ids = torch.topk(values, top_n, dim=-1) if top_n else (values[:, :0], ids[:, None][:, :0])
+    packed = torch.cat([chosen[:, None], top_values, top_ids.double()], dim=1).cpu()
     return packed[:, 0].numpy(), packed[:, 1 + top_n :].long().numpy(), packed[:, 1 : 1 + top_n].numpy()
