@@ -103,6 +103,16 @@ class SamplingParams:
         if self.logprobs is not None and not (0 <= self.logprobs <= MAX_LOGPROBS):
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
 
+    def unknown_token_ids(self, vocab: int) -> str | None:
+        """The field (``logit_bias`` or ``stop_token_ids``) with a token id outside ``[0, vocab)``, if any."""
+        for name, ids in (
+            ("logit_bias", [t for t, _ in self.logit_bias]),
+            ("stop_token_ids", self.stop_token_ids),
+        ):
+            if any(not 0 <= t < vocab for t in ids):
+                return name
+        return None
+
     @property
     def penalized(self) -> bool:
         """Some knob changes the raw logits before the target chooses (penalties or logit_bias)."""

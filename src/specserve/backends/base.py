@@ -168,6 +168,11 @@ class Vocabulary(Protocol):
     def is_control(self, token_id: int) -> bool: ...
 
 
+def detokenize(vocabulary: Vocabulary, token_ids: Sequence[int]) -> str:
+    """Text of a token sequence in any vocabulary; a cut multi-byte character becomes U+FFFD."""
+    return b"".join(vocabulary.token_bytes(t) for t in token_ids).decode("utf-8", errors="replace")
+
+
 class ModelRuntime(ABC, Generic[LogitsT]):
     """One model with a multi-sequence KV cache, returning logits of type ``LogitsT``."""
 
@@ -253,7 +258,7 @@ class ModelRuntime(ABC, Generic[LogitsT]):
 
     def detokenize(self, token_ids: Sequence[int]) -> str:
         """Text of a token sequence; invalid UTF-8 (a cut multi-byte character) becomes U+FFFD."""
-        return b"".join(self.token_bytes(t) for t in token_ids).decode("utf-8", errors="replace")
+        return detokenize(self, token_ids)
 
 
 HostRuntime = ModelRuntime[HostLogits]

@@ -116,10 +116,8 @@ class SpeculativeEngine:
         if self.scheduler.find(request_id) is not None:
             raise ValueError(f"request id {request_id!r} is already in use")
         vocab = self.target.info.vocab_size
-        if any(not 0 <= t < vocab for t, _ in params.logit_bias) or any(
-            not 0 <= t < vocab for t in params.stop_token_ids
-        ):
-            raise ValueError(f"token ids in logit_bias and stop_token_ids must be in [0, {vocab})")
+        if (field := params.unknown_token_ids(vocab)) is not None:
+            raise ValueError(f"token ids in {field} must be in [0, {vocab})")
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         seq = Sequence(request_id, list(prompt_ids), params, PositionalUniforms(seed))
         if params.grammar is not None:

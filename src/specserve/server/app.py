@@ -27,7 +27,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
-from specserve.backends.base import Vocabulary
+from specserve.backends.base import Vocabulary, detokenize
 from specserve.chat import ChatTemplateError, chat_prompt_ids
 from specserve.config import Settings
 from specserve.engine.async_engine import AsyncEngine
@@ -129,7 +129,8 @@ async def generate(request: Request, chat: bool) -> Response:
     state.check_model(req.model)
     ids = await prompt_ids(prepare, len(raw))
     params = req.sampling_params(len(ids), info.context_per_sequence, "messages" if chat else "prompt")
-    check_token_ids(params, info.vocab_size)
+    if (field := params.unknown_token_ids(info.vocab_size)) is not None:  # a 400 before a stream starts
+        raise invalid_request(f"Token ids in {field} must be in [0, {info.vocab_size}).", field)
     if params.grammar is not None:
         await compile_grammar(engine, params.grammar)
     speculation = state.speculation(engine, req.speculative)
@@ -185,16 +186,6 @@ async def start_choices(
     return choices
 
 
-def check_token_ids(params: SamplingParams, vocab: int) -> None:
-    """Token ids in logit_bias and stop_token_ids exist (a 400 before a stream starts, not an error event)."""
-    for name, ids in (
-        ("logit_bias", [t for t, _ in params.logit_bias]),
-        ("stop_token_ids", params.stop_token_ids),
-    ):
-        if any(not 0 <= t < vocab for t in ids):
-            raise invalid_request(f"Token ids in {name} must be in [0, {vocab}).", name)
-
-
 async def compile_grammar(engine: AsyncEngine, spec: GrammarSpec) -> None:
     """Compile the request's grammar off the event loop (a large schema takes a while; the engine then
     copies the cached result); a grammar that does not compile is a 400."""
@@ -207,7 +198,7 @@ async def compile_grammar(engine: AsyncEngine, spec: GrammarSpec) -> None:
 def echo_text(vocabulary: Vocabulary, request: p.CompletionRequest) -> str:
     if isinstance(request.prompt, str):
         return request.prompt
-    return b"".join(vocabulary.token_bytes(t) for t in request.prompt).decode("utf-8", errors="replace")
+    return detokenize(vocabulary, request.prompt)
 
 
 # -- routes ---------------------------------------------------------------------------------------

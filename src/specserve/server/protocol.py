@@ -133,10 +133,10 @@ class SamplingRequest(StrictModel):
     )
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
-    guided_json: Any = None
-    guided_regex: Any = None
-    guided_choice: Any = None
-    guided_grammar: Any = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = Field(None, min_length=1)
+    guided_grammar: str | None = None
     user: str | None = None
     ignore_eos: bool = False
     speculative: SpeculativeRequest | None = None
@@ -169,12 +169,12 @@ class SamplingRequest(StrictModel):
 
     def grammar(self) -> GrammarSpec | None:
         """The structured-output constraint the request asks for (400 if several or malformed)."""
-        legacy = {
-            "guided_json": self.guided_json,
-            "guided_regex": self.guided_regex,
-            "guided_choice": self.guided_choice,
-            "guided_grammar": self.guided_grammar,
-        }
+        legacy = StructuredOutputs.model_construct(
+            json_=self.guided_json,
+            regex=self.guided_regex,
+            choice=self.guided_choice,
+            grammar=self.guided_grammar,
+        )  # the same constraints under vLLM's older names, already validated as this request's fields
         try:
             return grammar_spec(self.response_format, self.structured_outputs, legacy)
         except ValueError as exc:

@@ -51,12 +51,25 @@ def _schema_text(schema: Any) -> str:
     return schema if isinstance(schema, str) else json.dumps(schema)
 
 
+def _specs(outputs: StructuredOutputs, field: str) -> list[tuple[str, GrammarSpec]]:
+    """The constraints ``outputs`` holds, each named as the request spelled it (``field`` % its key)."""
+    options = {
+        "json": None if outputs.json_ is None else GrammarSpec("json_schema", _schema_text(outputs.json_)),
+        "regex": None if outputs.regex is None else GrammarSpec("regex", outputs.regex),
+        "choice": None if outputs.choice is None else GrammarSpec("choice", json.dumps(outputs.choice)),
+        "grammar": None if outputs.grammar is None else GrammarSpec("grammar", outputs.grammar),
+        "json_object": GrammarSpec("json_object") if outputs.json_object else None,
+    }
+    return [(field % key, spec) for key, spec in options.items() if spec is not None]
+
+
 def grammar_spec(
     response_format: ResponseFormat | None,
     structured: StructuredOutputs | None,
-    legacy: dict[str, Any],
+    legacy: StructuredOutputs | None = None,
 ) -> GrammarSpec | None:
-    """The request's one constraint, or None; ValueError naming the fields when there are several."""
+    """The request's one constraint, or None; ValueError naming the fields when there are several.
+    ``legacy`` holds the ``guided_*`` fields, the same constraints under vLLM's older names."""
     found: list[tuple[str, GrammarSpec]] = []
     if response_format is not None and response_format.type != "text":
         nested = response_format.json_schema
@@ -68,43 +81,9 @@ def grammar_spec(
         else:
             found.append(("response_format", GrammarSpec("json_schema", _schema_text(schema))))
     if structured is not None:
-        options = [
-            (
-                "json",
-                None
-                if structured.json_ is None
-                else GrammarSpec("json_schema", _schema_text(structured.json_)),
-            ),
-            ("regex", None if structured.regex is None else GrammarSpec("regex", structured.regex)),
-            (
-                "choice",
-                None if structured.choice is None else GrammarSpec("choice", json.dumps(structured.choice)),
-            ),
-            ("grammar", None if structured.grammar is None else GrammarSpec("grammar", structured.grammar)),
-            ("json_object", GrammarSpec("json_object") if structured.json_object else None),
-        ]
-        found += [(f"structured_outputs.{name}", spec) for name, spec in options if spec is not None]
-    kinds = {
-        "guided_json": "json_schema",
-        "guided_regex": "regex",
-        "guided_choice": "choice",
-        "guided_grammar": "grammar",
-    }
-    for name, kind in kinds.items():
-        value = legacy.get(name)
-        if value is None:
-            continue
-        if kind == "json_schema":
-            text = _schema_text(value)
-        elif kind == "choice":
-            if not (isinstance(value, list) and value and all(isinstance(c, str) for c in value)):
-                raise ValueError(f"{name} must be a non-empty list of strings")
-            text = json.dumps(value)
-        elif isinstance(value, str):
-            text = value
-        else:
-            raise ValueError(f"{name} must be a string")
-        found.append((name, GrammarSpec(kind, text)))
+        found += _specs(structured, "structured_outputs.%s")
+    if legacy is not None:
+        found += _specs(legacy, "guided_%s")
     if len(found) > 1:
         raise ValueError(
             f"only one structured output constraint per request; got {', '.join(n for n, _ in found)}"

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from pydantic import Field
 
 from specserve.backends.base import Vocabulary
+from specserve.backends.base import detokenize as token_text  # the route below is called detokenize
 from specserve.chat import ChatTemplateError, chat_prompt_ids
 from specserve.engine.async_engine import AsyncEngine
 from specserve.server import chat_request as c
@@ -85,5 +86,4 @@ async def detokenize(request: Request) -> dict[str, Any]:
     vocab = engine.info.vocab_size
     if any(not 0 <= t < vocab for t in req.tokens):
         raise invalid_request(f"Token ids must be in [0, {vocab}).", "tokens")
-    text = b"".join(engine.vocabulary.token_bytes(t) for t in req.tokens).decode("utf-8", errors="replace")
-    return {"prompt": text}
+    return {"prompt": token_text(engine.vocabulary, req.tokens)}

@@ -22,19 +22,23 @@ CONTROL_PREFIX = b"\xff"
 """llguidance's mark of a special token: such a token never spells grammar text, only ``<[id]>`` names it."""
 
 
+def eog_ids(vocabulary: GrammarVocabulary, vocab_size: int) -> list[int]:
+    """The end-of-generation token ids, ascending."""
+    return [token for token in range(vocab_size) if vocabulary.is_eog(token)]
+
+
 class _Wrapper:
     """llguidance's TokenizerWrapper protocol: the token list, EOS/BOS and a text → ids call."""
 
     def __init__(self, vocabulary: GrammarVocabulary, vocab_size: int) -> None:
         self._vocabulary = vocabulary
         self.tokens: list[bytes] = []
-        eog: list[int] = []
+        eog = eog_ids(vocabulary, vocab_size)
+        ends = frozenset(eog)
         for token in range(vocab_size):
             piece = vocabulary.token_bytes(token)
-            if vocabulary.is_control(token) or vocabulary.is_eog(token):
+            if token in ends or vocabulary.is_control(token):
                 piece = CONTROL_PREFIX + (piece or f"<[{token}]>".encode())
-                if vocabulary.is_eog(token):
-                    eog.append(token)
             self.tokens.append(piece)
         self.eos_ids = eog
         self.eos_token_id = eog[0] if eog else vocab_size - 1

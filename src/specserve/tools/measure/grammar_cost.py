@@ -18,7 +18,7 @@ from typing import Any
 
 from specserve.request import GrammarSpec
 from specserve.structured.grammar import JSON_OPTIONS, GrammarCompiler
-from specserve.structured.tokenizer import llg_tokenizer
+from specserve.structured.tokenizer import eog_ids
 from specserve.tools.workloads import builtin_rows
 
 
@@ -81,8 +81,8 @@ def _xgrammar(vocabulary: Any) -> Engine | None:
         return None
     import xgrammar
 
-    _, eos_ids = llg_tokenizer(vocabulary, vocabulary.vocab_size)
     vocab = vocabulary.vocab_size
+    eos_ids = eog_ids(vocabulary, vocab)
     pieces = [b"" if vocabulary.is_control(t) else vocabulary.token_bytes(t) for t in range(vocab)]
     info = xgrammar.TokenizerInfo(pieces, vocab_size=vocab, stop_token_ids=eos_ids)
     compiler = xgrammar.GrammarCompiler(info, cache_enabled=False)
