@@ -84,3 +84,19 @@ fi
 # 6. Prefix cache: multi-turn chats and a shared system prompt, cache vs cold vs llama-server's cache.
 STOCK_LLAMA_BIN="$STOCK" LLAMA_SERVER="$LLAMA_SERVER" OUT="$OUT" PORT="$PORT" PEER_PORT="$PEER_PORT"   scripts/bench-prefix-cache.sh
 
+
+# 7. DFlash2 (torch runtime): train a drafter for the default target (about an hour here), then the
+#    acceptance per workload at block sizes 4, 8 and 16 beside prompt lookup, and the draft model on the
+#    same runtime. Set DFLASH2_DIR to reuse a trained drafter.
+if [[ -n "${WITH_DFLASH2:-}" ]]; then
+  dflash="${DFLASH2_DIR:-$OUT/dflash2-drafter}"
+  if [[ ! -f "$dflash/config.json" ]]; then
+    .venv/bin/python scripts/drafter-prompts.py "$OUT/drafter-prompts.jsonl" --count 240 --max-lines 20
+    $S train-drafter --prompts "$OUT/drafter-prompts.jsonl" --output-dir "$dflash" --steps 1400 \
+      --time-limit 2400 --block-size 16 --max-new-tokens 96
+  fi
+  $S bench --in-process --backend torch --draft "$dflash" --output-dir "$OUT/dflash2" --max-tokens 64 \
+    --modes plain,ngram,dflash2@4,dflash2@8,dflash2@16,auto
+  $S bench --in-process --backend torch --output-dir "$OUT/dflash2-draft-model" --max-tokens 64 \
+    --modes plain,draft-model --num-draft-tokens 15
+fi

@@ -20,4 +20,10 @@ case "${1:-}" in
   *) echo "usage: scripts/install.sh [--dev | --tools | --torch]" >&2; exit 2 ;;
 esac
 .venv/bin/python -m pip install --quiet "$wheel" -e ".$extra"
+if [[ "${1:-}" == "--dev" ]]; then
+  # dflash, the DFlash2 reference implementation, is a test-only oracle (tests/backends/torch/
+  # test_dflash2_oracle.py). Its model module needs only torch and transformers; its pinned requirements
+  # (datasets, requests, tqdm==4.70.0) serve its benchmark CLI and would downgrade ours: without them.
+  .venv/bin/python -m pip install --quiet --no-deps dflash==0.1.0
+fi
 echo "installed: $(.venv/bin/specserve --help >/dev/null && echo specserve) in .venv" >&2

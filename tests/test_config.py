@@ -202,3 +202,23 @@ def test_secrets_never_travel_and_come_back_from_the_environment() -> None:
     back = with_secrets_from_env(shipped, {"SPECSERVE_API_KEYS": "k9", "SPECSERVE_ADMIN_KEY": "a9"})
     assert (back.api_keys, back.admin_key, back.threads) == ("k9", "a9", 3)
     assert with_secrets_from_env(shipped, {}).api_keys is None
+
+
+def test_dflash2_settings_take_the_upstream_names_too(tmp_path: Path) -> None:
+    """The guide's draft_block_size / candidate_topk, and upstream's block_size / selector_top_k, from
+    every source; the setting's own name wins over its alias."""
+    assert load_settings(parse("--block-size", "8"), env={}).draft_block_size == 8
+    assert load_settings(parse("--selector-top-k", "4"), env={}).candidate_topk == 4
+    from_file = load_settings(
+        None, env={}, config_file=write_yaml(tmp_path, "block_size: 4\nselector-top-k: 12\n")
+    )
+    assert (from_file.draft_block_size, from_file.candidate_topk) == (4, 12)
+    env = {"SPECSERVE_BLOCK_SIZE": "16", "SPECSERVE_DRAFT_BLOCK_SIZE": "6", "SPECSERVE_SELECTOR_TOP_K": "3"}
+    from_env = load_settings(None, env=env)
+    assert (from_env.draft_block_size, from_env.candidate_topk) == (6, 3)
+
+
+@pytest.mark.parametrize("env", [{"SPECSERVE_DRAFT_BLOCK_SIZE": "1"}, {"SPECSERVE_CANDIDATE_TOPK": "0"}])
+def test_dflash2_settings_are_checked(env: dict[str, str]) -> None:
+    with pytest.raises(SettingsError):
+        load_settings(None, env=env)

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from specserve.errors import UserError
 
-DrafterName = Literal["ngram", "draft-model"]
+DrafterName = Literal["ngram", "draft-model", "dflash2"]
 """The drafters specserve can build (``drafters.registry`` has one factory per name)."""
 DrafterChoice = Literal["auto", "none", DrafterName]
 """A drafter setting: one drafter, ``auto`` (the cost policy chooses among the loaded ones) or ``none``."""
@@ -38,8 +38,11 @@ SettingGroup = Literal["models", "speculation", "batching", "server", "scale-out
 def _setting(group: SettingGroup) -> Callable[..., Any]:
     """The field maker of one group's settings: ``(default, help, flag=None, secret=False)``."""
 
-    def setting(default: Any, help: str, flag: str | None = None, secret: bool = False) -> Any:
-        return field(default=default, metadata={"help": help, "flag": flag, "secret": secret, "group": group})
+    def setting(
+        default: Any, help: str, flag: str | None = None, secret: bool = False, aliases: tuple[str, ...] = ()
+    ) -> Any:
+        metadata = {"help": help, "flag": flag, "secret": secret, "group": group, "aliases": aliases}
+        return field(default=default, metadata=metadata)
 
     return setting
 
@@ -91,7 +94,9 @@ class Settings:
     )
     # -- speculation
     drafter: DrafterChoice = _speculation(
-        "auto", "Drafter: auto (cost-aware choice among loaded drafters), none, ngram, draft-model."
+        "auto",
+        "Drafter: auto (cost-aware choice among loaded drafters), none, ngram, draft-model, dflash2 (a "
+        "DFlash2 block drafter given as --draft DIR; torch backend).",
     )
     num_draft_tokens: int = _speculation(16, "Maximum draft tokens per step.")
     draft_policy: PolicyChoice = _speculation(
@@ -100,6 +105,17 @@ class Settings:
     ngram_min_n: int = _speculation(2, "Shortest suffix the n-gram drafter looks up.")
     draft_p_min: float = _speculation(
         0.6, "The draft model stops drafting when its top probability is lower."
+    )
+    draft_block_size: int | None = _speculation(
+        None,
+        "Block of a DFlash2 drafter: positions of one drafting forward, the anchor included (it drafts up "
+        "to this minus 1 tokens); default: the checkpoint's block_size.",
+        aliases=("block_size",),
+    )
+    candidate_topk: int | None = _speculation(
+        None,
+        "Candidates per block position the DFlash2 selector walks; default: the checkpoint's selector_top_k.",
+        aliases=("selector_top_k",),
     )
     load_draft: Literal["auto", "always", "never"] = _speculation(
         "auto",
@@ -185,8 +201,11 @@ class Settings:
             "max_waiting",
             "max_request_bytes",
             "max_connections",
+            "candidate_topk",
         ):
             positive(name)
+        if self.draft_block_size is not None and not 2 <= self.draft_block_size <= 65:
+            raise SettingsError(f"draft_block_size must be in [2, 65], got {self.draft_block_size}")
         if not 0 < self.port < 65536:
             raise SettingsError(f"port must be in 1..65535, got {self.port}")
         for name in (
@@ -265,7 +284,8 @@ def add_arguments(
             kwargs["choices"] = typing.get_args(base)
         else:
             kwargs["type"] = base
-        parser.add_argument(_flag(f), **kwargs)
+        aliases = ["--" + a.replace("_", "-") for a in f.metadata.get("aliases", ())]
+        parser.add_argument(_flag(f), *aliases, **kwargs)
 
 
 def _convert(name: str, raw: Any, tp: Any) -> Any:
@@ -307,8 +327,9 @@ def load_settings(
     if overrides is not None:
         values.update(settings_mapping(overrides, "settings"))
     for f in dataclasses.fields(Settings):
-        if env_name(f.name) in env:
-            values[f.name] = env[env_name(f.name)]
+        for name in (*reversed(f.metadata.get("aliases", ())), f.name):  # the field's own name wins
+            if env_name(name) in env:
+                values[f.name] = env[env_name(name)]
         if args is not None and getattr(args, f.name, None) is not None:
             values[f.name] = getattr(args, f.name)
     converted = {name: _convert(name, raw, hints[name]) for name, raw in values.items()}
@@ -330,9 +351,11 @@ def _read_file(path: Path) -> dict[str, Any]:
 def settings_mapping(data: Mapping[str, Any], source: str) -> dict[str, Any]:
     """Settings by field name from a config mapping (keys may use dashes); secrets are refused."""
     known = {f.name for f in dataclasses.fields(Settings)}
+    alias_of = {a: f.name for f in dataclasses.fields(Settings) for a in f.metadata.get("aliases", ())}
     flat: dict[str, Any] = {}
     for key, value in data.items():
         name = str(key).replace("-", "_")
+        name = alias_of.get(name, name)
         if name not in known:
             raise SettingsError(f"{source}: unknown setting {key!r}")
         if name in _secrets():

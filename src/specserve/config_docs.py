@@ -30,6 +30,10 @@ def _default(value: Any) -> str:
     return str(value)
 
 
+def _alias_flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 def settings_table() -> str:
     """A Markdown table: setting (YAML key), flag, environment variable, type, default, description."""
     rows = [
@@ -39,8 +43,15 @@ def settings_table() -> str:
     hints = _hints()
     for f in dataclasses.fields(Settings):
         secret = bool(f.metadata["secret"])
-        flag = "— (secret)" if secret else f"`{_flag(f)}`"
+        aliases = tuple(f.metadata.get("aliases", ()))
+        flag = (
+            "— (secret)"
+            if secret
+            else ", ".join(f"`{x}`" for x in (_flag(f), *(_alias_flag(a) for a in aliases)))
+        )
         help_text = str(f.metadata["help"]).replace("|", "\\|")
+        if aliases:
+            help_text += f" Also read as {', '.join(f'`{a}`' for a in aliases)} (file and environment)."
         rows.append(
             f"| `{f.name}` | {flag} | `{env_name(f.name)}` | {_type_name(hints[f.name])} "
             f"| {_default(f.default)} | {help_text} |"

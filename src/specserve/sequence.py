@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from specserve.request import PositionalUniforms, SamplingParams
 
@@ -75,13 +76,15 @@ class SpecStats(AcceptanceCounts):
         if num_accepted < num_draft_tokens and len(self.first_rejections) < 32:
             self.first_rejections.append(num_accepted)
 
-    def as_dict(self) -> dict[str, float | int]:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "num_drafts": self.num_drafts,
             "num_draft_tokens": self.num_draft_tokens,
             "num_accepted_tokens": self.num_accepted_tokens,
             "mean_acceptance_length": round(self.mean_acceptance_length, 4),
             "acceptance_rate": round(self.acceptance_rate, 4),
+            "drafts_by_drafter": dict(self.drafts_by_drafter),
+            "accepted_by_drafter": dict(self.accepted_by_drafter),
         }
 
 

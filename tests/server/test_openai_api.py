@@ -46,6 +46,7 @@ def test_completion_schema_and_stream_equality(client: openai.OpenAI) -> None:
     assert full.usage.total_tokens == full.usage.prompt_tokens + 24
     assert set(speculative(full)) == {
         "num_drafts", "num_draft_tokens", "num_accepted_tokens", "mean_acceptance_length", "acceptance_rate",
+        "drafts_by_drafter", "accepted_by_drafter",
     }  # fmt: skip
 
     chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, stream=True, **GREEDY))

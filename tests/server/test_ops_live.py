@@ -117,6 +117,10 @@ def test_metrics_after_requests_are_consistent(ops: ServerProcess) -> None:
     assert accepted == sum(s["num_accepted_tokens"] for s in stats) <= drafted
     per_pos = sum(delta("spec_decode_num_accepted_tokens_per_pos_total", position=str(i)) for i in range(64))
     assert per_pos == accepted
+    by_name = ("ngram", "draft-model", "grammar", "dflash2")  # per drafter: the totals, split by name
+    assert sum(delta("spec_decode_drafter_num_drafts_total", drafter=n) for n in by_name) == drafts
+    assert sum(delta("spec_decode_drafter_num_draft_tokens_total", drafter=n) for n in by_name) == drafted
+    assert sum(delta("spec_decode_drafter_num_accepted_tokens_total", drafter=n) for n in by_name) == accepted
     mean = 1 + stats[0]["num_accepted_tokens"] / stats[0]["num_drafts"]
     assert mean == pytest.approx(stats[0]["mean_acceptance_length"], abs=1e-3)
     assert delta("requests_total", outcome="success") == 2

@@ -65,3 +65,44 @@ def test_verify_refuses_to_pass_without_the_draft_arm_it_was_asked_for(
     assert code == 2
     assert "the draft model's arm cannot run" in one_error_line(err)
     assert not (tmp_path / "out" / "report.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--block-size", "1"], "--block-size must be >= 2"),
+        (["--steps", "0"], "--steps must be >= 1"),
+        (["--top-k", "0"], "--top-k must be >= 1"),
+    ],
+)
+def test_train_drafter_refuses_bad_flags_in_one_line(
+    flags: list[str], says: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run_cli(
+        capfd, "train-drafter", "--prompts", "p.jsonl", "--output-dir", str(tmp_path), *flags,
+        "--target", "/nonexistent/model.gguf",
+    )  # fmt: skip
+    assert code == 2
+    assert says in one_error_line(err)
+
+
+def test_train_drafter_names_a_missing_prompt_file(
+    tiny_models: TinyModels, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("torch")
+    code, _, err = run_cli(
+        capfd, "train-drafter", "--prompts", str(tmp_path / "missing.jsonl"), "--output-dir",
+        str(tmp_path / "out"), "--target", str(tiny_models.target), "--threads", "1",
+    )  # fmt: skip
+    assert code == 2
+    assert "missing.jsonl" in one_error_line(err)
+
+
+def test_bench_modes_include_dflash2_block_sizes(capfd: pytest.CaptureFixture[str]) -> None:
+    from specserve.tools.measure.engine_bench import mode
+
+    found = mode("dflash2@8")
+    assert found is not None and found.block_size == 8 and found.drafters == ("dflash2",)
+    assert mode("dflash2@1") is None and mode("dflash2@x") is None and mode("dflash2") is not None
+    code, _, err = run_cli(capfd, "bench", "--in-process", "--modes", "plain,dflash3", "--target", "/none")
+    assert code == 2 and "dflash2@B" in one_error_line(err)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -41,12 +41,13 @@ class DraftOption:
 class Proposal:
     """Draft tokens for one sequence.
 
-    ``draft_probs`` is ``[len(token_ids), vocab]`` float64, the filtered distributions the tokens were sampled
-    from, or None for a deterministic (model-free, or greedy) proposal, verified as one-hot drafts.
+    ``draft_probs`` is ``[len(token_ids), vocab]`` float64, the distributions the tokens were sampled from
+    (a numpy array, or a tensor on the device of a drafter that runs there), or None for a deterministic
+    (model-free, or greedy) proposal, verified as one-hot drafts.
     """
 
     token_ids: list[int]
-    draft_probs: npt.NDArray[np.float64] | None = None
+    draft_probs: npt.NDArray[np.float64] | Any = None
 
 
 class Drafter(ABC):
@@ -55,6 +56,9 @@ class Drafter(ABC):
     name: ClassVar[str]
     uses_model: ClassVar[bool] = False
     """Whether drafting runs a model (its cost then enters the cost model)."""
+    reads_target_states: ClassVar[bool] = False
+    """Whether it drafts from the target's hidden states: the engine then reports every committed row of
+    the target's passes to :meth:`committed`."""
 
     def begin(self, seq: Sequence) -> None:  # noqa: B027 - optional hook
         """A request starts; set up per-request state in ``seq.drafter_state``."""
@@ -69,6 +73,16 @@ class Drafter(ABC):
 
         A proposal may be shorter than asked (the drafter's confidence dropped) but never longer.
         """
+
+    def draft_seconds(self, num_sequences: int, num_tokens: int) -> float | None:
+        """Seconds of one ``propose`` over ``num_sequences`` sequences drafting up to ``num_tokens`` each,
+        for a drafter that measures its own cost (a block drafter: one forward whatever the length); None:
+        the cost model's draft table prices it (``uses_model``), or it is free."""
+        return None
+
+    def committed(self, seq: Sequence, chunk: int, start: int, count: int) -> None:  # noqa: B027
+        """``count`` rows of chunk ``chunk`` of the target's last pass became ``seq``'s committed tokens
+        at positions ``start …`` (``reads_target_states`` drafters read their hidden states here)."""
 
     def accept(self, seq: Sequence, num_accepted: int) -> None:  # noqa: B027 - optional hook
         """The target kept ``num_accepted`` of the proposal; roll back any drafter state past that."""

@@ -27,6 +27,12 @@ class DrafterContext:
     draft_p_min: float = 0.6
     target_vocab_size: int | None = None
     """Rows of the target's logits: a draft model of another width proposes only ids the target has."""
+    target_runtime: ModelRuntime[Any] | None = None
+    """The target (a block drafter reads its hidden states, embedding and LM head)."""
+    block_drafter_path: str | None = None
+    """A DFlash2 / DFlash checkpoint directory (``--draft DIR``)."""
+    draft_block_size: int | None = None
+    candidate_topk: int | None = None
 
 
 DrafterFactory = Callable[[DrafterContext], Drafter]
@@ -34,6 +40,7 @@ DrafterFactory = Callable[[DrafterContext], Drafter]
 FACTORIES: dict[str, str] = {
     "ngram": "specserve.drafters.ngram:build",
     "draft-model": "specserve.drafters.draft_model:build",
+    "dflash2": "specserve.drafters.dflash2:build",
 }
 """``module:function`` of each drafter's factory, imported when the drafter is built."""
 assert set(FACTORIES) == set(typing.get_args(DrafterName)), "every DrafterName needs a factory"

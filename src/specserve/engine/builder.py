@@ -160,10 +160,14 @@ def load_models(settings: Settings, calibrate_costs: bool = True, keep_draft: bo
             return cached_calibration(runtime, 0, calib_dir, key) if calibrate_costs else flat_costs()
 
         costs = CostModel(measure(target))
-        if _wants_draft(settings, keep_draft):
+        block_dir = _block_drafter_dir(settings, store)
+        if block_dir is None and _wants_draft(settings, keep_draft):
             max_k = min(settings.num_draft_tokens, target.info.max_verify_tokens - 1)
             draft = _load_draft(settings, store, target_path, costs, report, measure, keep_draft, max_k)
         drafters = build_drafters(settings, draft, target.info.vocab_size)
+        if block_dir is not None and _wants_draft(settings, keep_draft):
+            block = _load_block_drafter(settings, target, block_dir, report, keep_draft)
+            drafters.update({block.name: block} if block is not None else {})
     except BaseException:
         for runtime in (draft, target):
             if runtime is not None:
@@ -263,7 +267,42 @@ def draft_model_can_pay(costs: CostModel, max_k: int) -> tuple[bool, float]:
 
 
 def _requires_draft(settings: Settings) -> bool:
-    return settings.load_draft == "always" or settings.drafter == "draft-model"
+    return settings.load_draft == "always" or settings.drafter in ("draft-model", "dflash2")
+
+
+def _block_drafter_dir(settings: Settings, store: ModelStore) -> Path | None:
+    """``--draft DIR`` naming a DFlash2 / DFlash checkpoint (recognised by its config.json architecture)."""
+    from specserve.models.block_drafter import is_block_drafter
+
+    name = settings.draft_path_or_none
+    if name is None or name in store.catalog or not is_block_drafter(Path(name).expanduser()):
+        return None
+    return Path(name).expanduser()
+
+
+def _load_block_drafter(
+    settings: Settings, target: Runtime, path: Path, report: BuildReport, keep_draft: bool
+) -> Drafter | None:
+    """The DFlash2 drafter over ``target``; None (degraded) where it may be missing."""
+    from specserve.models import ModelStoreError
+
+    context = DrafterContext(
+        target_runtime=target,
+        block_drafter_path=str(path),
+        draft_block_size=settings.draft_block_size,
+        candidate_topk=settings.candidate_topk,
+    )
+    try:
+        drafter = build_drafter("dflash2", context)
+    except Exception as exc:
+        if keep_draft or _requires_draft(settings):
+            raise ModelStoreError(f"the DFlash2 drafter at {path} could not be loaded: {exc}") from exc
+        report.degraded = True
+        report.notes.append(f"DFlash2 drafter not loaded: {exc}")
+        log.warning("DFlash2 drafter not loaded, continuing without it: %s", exc)
+        return None
+    report.draft_path = str(path)
+    return drafter
 
 
 def _wants_draft(settings: Settings, keep_draft: bool) -> bool:

@@ -199,13 +199,16 @@ class CostAwarePolicy(DraftLengthPolicy):
         verify_rows: list[int] = []
         draft_rounds: dict[int, int] = {}
         catch_up = 0
+        self_priced: dict[str, tuple[Drafter, list[int]]] = {}  # drafters that measure their own cost
         for plan in plans:
             verify_rows.append(1 + plan.num_tokens)
             if plan.drafter is None:
                 tokens += 1.0
                 continue
             tokens += expected_tokens(plan.alpha, plan.num_tokens)
-            if plan.drafter.uses_model:
+            if plan.drafter.draft_seconds(1, plan.num_tokens) is not None:
+                self_priced.setdefault(plan.drafter.name, (plan.drafter, []))[1].append(plan.num_tokens)
+            elif plan.drafter.uses_model:
                 catch_up += plan.setup_tokens
                 for r in range(1, plan.num_tokens):
                     draft_rounds[r] = draft_rounds.get(r, 0) + 1
@@ -214,6 +217,8 @@ class CostAwarePolicy(DraftLengthPolicy):
         )
         if self.costs.draft is not None and (catch_up or draft_rounds):
             seconds += self.costs.draft(catch_up) + sum(self.costs.draft(n) for n in draft_rounds.values())
+        for drafter, lengths in self_priced.values():  # one batched proposal each
+            seconds += drafter.draft_seconds(len(lengths), max(lengths)) or 0.0
         return tokens / seconds if seconds > 0 else 0.0
 
     def _call_seconds(self, chunk_rows: Seq[int]) -> float:

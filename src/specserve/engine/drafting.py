@@ -100,6 +100,16 @@ class Drafting:
             self.stats.draft_seconds += elapsed
         return proposals
 
+    def committed(self, seq: Sequence, chunk: int, start: int, count: int) -> None:
+        """Tell the drafters that read the target's hidden states which rows of its last pass became
+        ``seq``'s committed tokens (positions ``start …``). A drafter that raises counts as failed."""
+        for name, drafter in list(self.drafters.items()):
+            if drafter.reads_target_states:
+                try:
+                    drafter.committed(seq, chunk, start, count)
+                except Exception as exc:  # a drafter must never fail a request
+                    self._drafter_failed(name, [seq], exc)
+
     def _drafter_failed(self, name: str, seqs: list[Sequence], exc: BaseException) -> None:
         self._failures[name] = self._failures.get(name, 0) + 1
         self.stats.drafter_failures += 1

@@ -217,7 +217,8 @@ class SpeculativeEngine:
         start = time.perf_counter()
         logits = self.target.decode(chunks)
         self._step_seconds = time.perf_counter() - start
-        for seq, n in prefills:
+        for chunk, (seq, n) in enumerate(prefills):
+            self.drafting.committed(seq, chunk, seq.num_computed, n)
             seq.num_computed += n
         return logits
 
@@ -316,12 +317,15 @@ class SpeculativeEngine:
         num_drafts, num_accepted = len(emitting.request.draft_ids), len(emitted) - 1
         seq.stats.record(num_drafts, num_accepted, plan.drafter.name if plan.drafter else None)
         self.stats.record(num_drafts, num_accepted)
+        if plan.drafter is not None:
+            self.stats.record_drafter(plan.drafter.name, num_drafts, num_accepted)
         if plan.drafter is not None and (
             plan.drafter.name in self.drafters or plan.drafter is self.drafting.forced
         ):
             plan.drafter.accept(seq, num_accepted)
             self.policy.observe(seq, dataclasses.replace(plan, num_tokens=num_drafts), num_accepted)
         # Rollback: the KV holds [pending] + drafts; keep the pending token and the accepted drafts.
+        self.drafting.committed(seq, emitting.chunk, seq.num_computed, 1 + num_accepted)
         seq.num_computed += 1 + num_accepted
         if num_accepted < num_drafts:
             self.target.truncate(seq.slot, seq.num_computed)

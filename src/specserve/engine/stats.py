@@ -15,6 +15,16 @@ class EngineStats(AcceptanceCounts):
     verify_seconds: float = 0.0
     drafter_failures: int = 0
     finished: Counter[str] = field(default_factory=Counter)
+    drafts_by_drafter: Counter[str] = field(default_factory=Counter)
+    draft_tokens_by_drafter: Counter[str] = field(default_factory=Counter)
+    accepted_by_drafter: Counter[str] = field(default_factory=Counter)
+    """Verify steps with drafts, draft tokens and accepted tokens per drafter name (metrics by name)."""
+
+    def record_drafter(self, name: str, num_draft_tokens: int, num_accepted: int) -> None:
+        if num_draft_tokens > 0:
+            self.drafts_by_drafter[name] += 1
+            self.draft_tokens_by_drafter[name] += num_draft_tokens
+            self.accepted_by_drafter[name] += num_accepted
 
     def record_finish(self, seq: Sequence) -> None:
         self.finished[seq.finish_reason or "unknown"] += 1

@@ -118,10 +118,14 @@ class ChunkFormat:
         return message, "tool_calls" if reason == "stop" else reason  # as streamed: a cut call says length
 
 
-def _merged_stats(seqs: list[Sequence]) -> dict[str, float | int]:
+def _merged_stats(seqs: list[Sequence]) -> dict[str, Any]:
     total = SpecStats()
     for seq in seqs:
         total.num_drafts += seq.stats.num_drafts
         total.num_draft_tokens += seq.stats.num_draft_tokens
         total.num_accepted_tokens += seq.stats.num_accepted_tokens
+        for name, count in seq.stats.drafts_by_drafter.items():
+            total.drafts_by_drafter[name] = total.drafts_by_drafter.get(name, 0) + count
+        for name, count in seq.stats.accepted_by_drafter.items():
+            total.accepted_by_drafter[name] = total.accepted_by_drafter.get(name, 0) + count
     return total.as_dict()

@@ -84,6 +84,15 @@ class Metrics:
             "Accepted draft tokens by position in the draft.",
             ("position",),
         )
+        self.drafter_drafts = counter(
+            "spec_decode_drafter_num_drafts", "Verify steps with drafts, by drafter.", ("drafter",)
+        )
+        self.drafter_draft_tokens = counter(
+            "spec_decode_drafter_num_draft_tokens", "Draft tokens verified, by drafter.", ("drafter",)
+        )
+        self.drafter_accepted_tokens = counter(
+            "spec_decode_drafter_num_accepted_tokens", "Draft tokens accepted, by drafter.", ("drafter",)
+        )
         self.drafter_failures = counter(
             "drafter_failures", "Drafter calls that raised; their requests continued as plain decoding."
         )
@@ -177,6 +186,15 @@ class Metrics:
             before = last.accepted_per_position[position] if position < len(last.accepted_per_position) else 0
             if count > before:
                 self.accepted_per_pos.labels(str(position)).inc(count - before)
+        for name, count in stats.draft_tokens_by_drafter.items():  # drafted before accepted, as above
+            if count > last.draft_tokens_by_drafter[name]:
+                self.drafter_drafts.labels(name).inc(
+                    stats.drafts_by_drafter[name] - last.drafts_by_drafter[name]
+                )
+                self.drafter_draft_tokens.labels(name).inc(count - last.draft_tokens_by_drafter[name])
+        for name, count in stats.accepted_by_drafter.items():
+            if count > last.accepted_by_drafter[name]:
+                self.drafter_accepted_tokens.labels(name).inc(count - last.accepted_by_drafter[name])
         if stats.num_accepted_tokens > last.num_accepted_tokens:
             self.num_accepted_tokens.inc(stats.num_accepted_tokens - last.num_accepted_tokens)
         if stats.generated_tokens > last.generated_tokens:

@@ -49,7 +49,7 @@ class CompletionResponse(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: Usage
-    speculative: dict[str, float | int]
+    speculative: dict[str, Any]
 
 
 class ToolCallFunction(BaseModel):
@@ -85,7 +85,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
-    speculative: dict[str, float | int]
+    speculative: dict[str, Any]
 
 
 class ModelCard(BaseModel):

@@ -1,4 +1,5 @@
-"""The ``bench``, ``verify`` and ``evaluate`` subcommands (registered through ``cli.PLUGIN_COMMANDS``).
+"""The ``bench``, ``verify``, ``evaluate`` and ``train-drafter`` subcommands (registered through
+``cli.PLUGIN_COMMANDS``).
 
 Parsing only: which tool runs is decided here, and each room's ``command`` module — imported when its command
 runs — turns the parsed flags into that tool's typed options. So ``specserve --help`` imports none of the
@@ -28,6 +29,7 @@ def add_subcommands(sub: Any) -> None:
     _add_bench(sub)
     _add_verify(sub)
     _add_evaluate(sub)
+    _add_train_drafter(sub)
 
 
 def _add_bench(sub: Any) -> None:
@@ -132,6 +134,40 @@ def _add_evaluate(sub: Any) -> None:
         evaluate, ENGINE_GROUPS, exclude=("drafter", "num_draft_tokens", "draft_policy", "load_draft")
     )
     evaluate.set_defaults(handler=_evaluate)
+
+
+def _add_train_drafter(sub: Any) -> None:
+    train = sub.add_parser(
+        "train-drafter", help="Train a DFlash2 block drafter for the target on its own responses (torch)."
+    )
+    train.add_argument("--prompts", required=True, help="JSONL of {prompt} (or one prompt per line).")
+    train.add_argument("--output-dir", required=True, help="Checkpoint directory (resumed when it has one).")
+    train.add_argument("--steps", type=int, default=1000, help="Optimizer steps (one example each).")
+    train.add_argument("--time-limit", type=float, default=0.0, help="Seconds of training (0: no limit).")
+    train.add_argument("--block-size", type=int, default=16, help="Block of the new drafter.")
+    train.add_argument("--layers", type=int, default=1, help="Drafter layers.")
+    train.add_argument("--target-layers", type=int, default=3, help="Target layers read (spread).")
+    train.add_argument("--target-layer-ids", default=None, help="Or exactly these (comma-separated).")
+    train.add_argument("--top-k", type=int, default=16, help="Selector candidates per position.")
+    train.add_argument("--selector-rank", type=int, default=64)
+    train.add_argument("--anchors", type=int, default=8, help="Blocks per example and step.")
+    train.add_argument("--gamma", type=float, default=7.0, help="Position weight decay exp(-(k-1)/gamma).")
+    train.add_argument("--lr", type=float, default=6e-4)
+    train.add_argument("--max-new-tokens", type=int, default=128, help="Response length generated.")
+    train.add_argument("--temperature", type=float, default=0.0, help="Of the generated responses.")
+    train.add_argument("--context", type=int, default=1024, help="Context of a training sequence.")
+    train.add_argument("--checkpoint-every", type=int, default=100)
+    train.add_argument("--no-resume", action="store_true", help="Start over even if a checkpoint exists.")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--config", default=None)
+    add_arguments(train, ("models",), exclude=("draft", "backend", "exact", "context_size"))
+    train.set_defaults(handler=_train_drafter)
+
+
+def _train_drafter(args: argparse.Namespace) -> int:
+    from specserve.tools.train_drafter.command import train_drafter_command
+
+    return train_drafter_command(args)
 
 
 def _add_workload_args(parser: Any) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from specserve.config import Settings, load_settings
 from specserve.tools.flags import sampling
-from specserve.tools.measure.engine_bench import MODES, builtin_prompts, resolve_model, run_engine_bench
+from specserve.tools.measure.engine_bench import MODES, builtin_prompts, mode, resolve_model, run_engine_bench
 from specserve.tools.measure.engine_report import render_exact_cost, render_markdown
 from specserve.tools.output import command_line, progress, write_report
 from specserve.tools.workloads import ToolInputError, read_jsonl
@@ -55,9 +55,9 @@ def measure_in_process(args: argparse.Namespace) -> int:
 def _engine_bench(args: argparse.Namespace, settings: Settings) -> int:
     sampling(max_tokens=args.max_tokens)  # checked before the models load
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = [m for m in modes if m not in MODES]
+    unknown = [m for m in modes if mode(m) is None]
     if unknown:
-        raise ToolInputError(f"unknown mode(s) {', '.join(unknown)}; known: {', '.join(MODES)}")
+        raise ToolInputError(f"unknown mode(s) {', '.join(unknown)}; known: {', '.join(MODES)}, dflash2@B")
     if "plain" not in modes:
         modes.insert(0, "plain")
     prompts = builtin_prompts(args.structured) if args.prompts is None else read_jsonl(Path(args.prompts))

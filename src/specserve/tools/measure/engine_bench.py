@@ -28,6 +28,8 @@ class Mode:
     name: str
     drafters: tuple[str, ...]
     policy: PolicyChoice
+    block_size: int | None = None
+    """DFlash2 modes: the block the drafter runs at (``dflash2@8``); None: the checkpoint's."""
 
 
 MODES = {
@@ -35,8 +37,19 @@ MODES = {
     "ngram": Mode("ngram", ("ngram",), "fixed"),
     "draft-model": Mode("draft-model", ("draft-model",), "fixed"),
     "grammar": Mode("grammar", ("grammar",), "fixed"),  # only the tokens a request's grammar forces
-    "auto": Mode("auto", ("ngram", "draft-model"), "cost"),
+    "auto": Mode("auto", ("ngram", "draft-model", "dflash2"), "cost"),  # whichever are loaded
+    "dflash2": Mode("dflash2", ("dflash2",), "fixed"),  # --draft DIR: a DFlash2 checkpoint (torch)
 }
+
+
+def mode(name: str) -> Mode | None:
+    """A mode by name: one of MODES, or ``dflash2@B`` (the DFlash2 drafter at block size B)."""
+    if name in MODES:
+        return MODES[name]
+    base, _, block = name.partition("@")
+    if base == "dflash2" and block.isdigit() and int(block) >= 2:
+        return Mode(name, ("dflash2",), "fixed", int(block))
+    return None
 
 
 @dataclass
@@ -119,7 +132,9 @@ def run_engine_bench(
 ) -> EngineBenchResult:
     """Run every prompt in every mode, modes back to back per prompt; ``repeats`` rounds, the mode order
     reversed every other round so that a mode's place in the sequence does not bias it."""
-    keep_draft = any("draft-model" in MODES[m].drafters for m in modes)
+    chosen = {m: mode(m) for m in modes}
+    assert all(chosen.values()), "modes are checked by the caller"
+    keep_draft = any(d in ("draft-model", "dflash2") for m in chosen.values() if m for d in m.drafters)
     # No mode uses the draft model: do not load it (the server's rule would load it for auto).
     load_draft = settings.load_draft if keep_draft else "never"
     models = load_models(dataclasses.replace(settings, max_running=1, load_draft=load_draft), keep_draft)
@@ -132,20 +147,24 @@ def run_engine_bench(
             result.notes.append(f"auto excludes the draft model: at 100% acceptance it reaches {best:.2f}x")
         # One policy per mode for the whole run, as a server keeps one: its acceptance statistics carry
         # over from request to request.
-        policies = {name: models.policy(MODES[name].policy) for name in modes}
+        policies = {name: models.policy(m.policy) for name, m in chosen.items() if m}
         rounds = [(r, i, item) for r in range(repeats) for i, item in enumerate(prompts)]
         for r, i, item in rounds:
             prompt_ids = chat_prompt_ids(models.target, [{"role": "user", "content": item["prompt"]}])
             finished: dict[str, Sequence] = {}
             for mode_name in modes if r % 2 == 0 else modes[::-1]:
-                mode = MODES[mode_name]
+                current = chosen[mode_name]
+                assert current is not None
                 # The default policy only gets the draft model when it could pay (as build_engine decides).
                 names = tuple(
                     n
-                    for n in mode.drafters
+                    for n in current.drafters
                     if n == "grammar"  # the engine's own (constrained requests), never a loaded model
-                    or (n in models.drafters and (n != "draft-model" or pays or mode.policy == "fixed"))
+                    or (n in models.drafters and (n != "draft-model" or pays or current.policy == "fixed"))
                 )
+                block: Any = models.drafters.get("dflash2")
+                if block is not None:  # this mode's block, else the checkpoint's
+                    block.block_size = current.block_size or block.net.config.block_size
                 engine = models.engine(names, policies[mode_name], settings.num_draft_tokens)
                 grammar = None
                 if "schema" in item:

@@ -1,0 +1,60 @@
+"""The DFlash2 selector's walk through a block's candidates (DFlash without a selector: the argmax, or a
+sample of each position's softmax), greedy or sampled with the request's draft uniforms."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from specserve.backends.torch.dflash2 import BlockDrafterNet
+from specserve.verify.device_sampling import sample_inverse_cdf
+
+
+def walk(
+    net: BlockDrafterNet,
+    hidden: Tensor,  # [S, P, hidden]: drafter states of block positions 1 … P
+    logits: Tensor,  # [S, P, vocab] float32
+    anchors: Tensor,  # [S] int64
+    temperatures: Tensor,  # [S] float32; 0: greedy
+    uniforms: Tensor,  # [S, P] float32 in [0, 1): the draws of sampled sequences
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """The drafted path ``[S, P]`` int64 and, when any sequence samples, each position's draft
+    distribution: ``q [S, P, K]`` float32 over ``candidates [S, P, K]`` (DFlash2), or ``q [S, P, vocab]``
+    with ``candidates`` None (DFlash, no selector). Greedy rows of ``q`` are one-hot."""
+    sampled = temperatures > 0
+    scale = torch.where(sampled, temperatures, 1.0)[:, None]
+    if net.candidate_selector is None:
+        greedy = logits.argmax(-1)
+        if not bool(sampled.any()):
+            return greedy, None, None
+        q = torch.softmax(logits / scale[..., None], dim=-1)
+        drawn = inverse_cdf(q, uniforms)
+        tokens = torch.where(sampled[:, None], drawn, greedy)
+        q = torch.where(sampled[:, None, None], q, F.one_hot(tokens, q.shape[-1]).to(q.dtype))
+        return tokens, q, None
+    selector = net.candidate_selector
+    unary, candidates = torch.topk(logits, selector.top_k, dim=-1)  # [S, P, K], best first
+    projected = selector.hidden_projection(hidden)  # [S, P, rank]
+    predecessor, path, q_rows = anchors, [], []
+    for position in range(hidden.shape[1]):
+        scores = selector.scores(
+            projected[:, position], unary[:, position], candidates[:, position], predecessor
+        )
+        index = scores.argmax(-1)
+        if bool(sampled.any()):
+            q = torch.softmax(scores / scale, dim=-1)
+            index = torch.where(sampled, inverse_cdf(q, uniforms[:, position]), index)
+            q = torch.where(sampled[:, None], q, F.one_hot(index, q.shape[-1]).to(q.dtype))
+            q_rows.append(q)
+        predecessor = candidates[:, position].gather(-1, index[:, None])[:, 0]
+        path.append(predecessor)
+    tokens = torch.stack(path, dim=1)
+    return tokens, (torch.stack(q_rows, dim=1) if q_rows else None), candidates
+
+
+def inverse_cdf(probs: Tensor, uniforms: Tensor) -> Tensor:
+    """Inverse-CDF draws of ``probs [..., n]`` with ``uniforms [...]`` (the verifier's own sampler, so a
+    draft is drawn as a target token would be)."""
+    flat = sample_inverse_cdf(probs.reshape(-1, probs.shape[-1]).double(), uniforms.reshape(-1).double())
+    return flat.view(uniforms.shape)

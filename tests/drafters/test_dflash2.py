@@ -1,0 +1,278 @@
+"""DFlash2 block drafting in the real engine on the torch runtime (tiny target, a drafter trained here).
+
+The drafter is trained by ``train_drafter`` itself for a bounded number of steps on the tiny target's own
+responses (about 20 s), so drafts are accepted often enough for the tests to mean something:
+
+* training raises the held-out acceptance length well above the untrained drafter's;
+* greedy speculative output equals plain output token for token, with prefix-cache hits (context gaps);
+* after every step the drafter's cache holds committed context only (the block never enters it);
+* sampled output follows the target's exact distribution with temperature, top-k and top-p applied
+  (chi-square and total variation over the first two tokens), the drafts carrying the selector's q over
+  its K candidates;
+* a drafter that fails at run time degrades to plain decoding; one that cannot load degrades or refuses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from scipy.stats import chisquare  # noqa: E402
+
+from specserve.backends.base import DecodeChunk  # noqa: E402
+from specserve.chat import chat_prompt_ids  # noqa: E402
+from specserve.config import Settings  # noqa: E402
+from specserve.engine.builder import LoadedModels, load_models, open_runtime  # noqa: E402
+from specserve.errors import UserError  # noqa: E402
+from specserve.request import SamplingParams  # noqa: E402
+from specserve.verify import filter_logits_to_probs  # noqa: E402
+from support.tiny_models import TinyModels  # noqa: E402
+
+SOURCE = Path(__file__).parents[2] / "src" / "specserve"
+CODE = "def check(values):\n    return [value * 2 for value in values if value]\n"
+
+
+def training_prompts() -> list[str]:
+    """200 distinct prompts: lines of our own source, each to be continued."""
+    lines = [line.strip() for f in sorted(SOURCE.glob("*.py")) for line in f.read_text().splitlines()]
+    return [f"Continue this code: {line}" for line in sorted({x for x in lines if len(x) > 30})[:200]]
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_models: TinyModels, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """A DFlash2 drafter for the tiny target, trained here; its directory and training summary."""
+    from specserve.tools.train_drafter.loop import TrainOptions, train_drafter
+
+    root = tmp_path_factory.mktemp("dflash2")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in training_prompts()))
+    settings = Settings(target=str(tiny_models.target), backend="torch", device="cpu", dtype="float32",
+                        threads=1, exact=False, context_size=1024)  # fmt: skip
+    target = open_runtime(str(tiny_models.target), settings, 16, self_check=False)
+    options = TrainOptions(
+        prompts=prompts, output_dir=root / "drafter", steps=1500, block_size=4, target_layer_ids=(0, 1),
+        top_k=8, anchors=16, lr=2e-3, max_new_tokens=64, checkpoint_every=500,
+    )  # fmt: skip
+    try:
+        summary = train_drafter(target, options, log=lambda _m: None)
+    finally:
+        target.close()
+    return root / "drafter", summary
+
+
+@pytest.fixture(scope="module")
+def models(tiny_models: TinyModels, trained: tuple[Path, dict[str, Any]]) -> Iterator[LoadedModels]:
+    settings = Settings(
+        target=str(tiny_models.target), draft=str(trained[0]), backend="torch", device="cpu", threads=1,
+        context_size=512, max_running=16, calibration_cache=False,
+    ).validate()  # fmt: skip
+    loaded = load_models(settings, calibrate_costs=False)
+    yield loaded
+    loaded.close()
+
+
+def test_training_raises_acceptance_well_above_untrained(trained: tuple[Path, dict[str, Any]]) -> None:
+    directory, summary = trained
+    before, after = summary["acceptance_before"], summary["acceptance_after"]
+    assert before < 1.1 and after > before + 0.15, (before, after)
+    written = json.loads((directory / "training.json").read_text())
+    assert written["steps"] == 1500 and (directory / "model.safetensors").is_file()
+
+
+def test_training_resumes_from_its_checkpoint(
+    trained: tuple[Path, dict[str, Any]], tiny_models: TinyModels
+) -> None:
+    """A second run in the same directory continues at the saved step (no new data, no restart)."""
+    from specserve.tools.train_drafter.loop import TrainOptions, train_drafter
+
+    directory, first = trained
+    copy = directory.parent / "resumed"
+    copy.mkdir()
+    for f in directory.iterdir():
+        (copy / f.name).write_bytes(f.read_bytes())
+    settings = Settings(target=str(tiny_models.target), backend="torch", device="cpu", dtype="float32",
+                        threads=1, exact=False, context_size=1024)  # fmt: skip
+    target = open_runtime(str(tiny_models.target), settings, 4, self_check=False)
+    try:
+        options = TrainOptions(prompts=Path("/nonexistent"), output_dir=copy, steps=1510, block_size=4)
+        summary = train_drafter(target, options, log=lambda _m: None)
+    finally:
+        target.close()
+    assert summary["steps"] == 1510 and summary["acceptance_before"] == first["acceptance_before"]
+
+
+def run(
+    models: LoadedModels, drafters: tuple[str, ...], params: SamplingParams, check: Any = None
+) -> tuple[list[list[list[int]]], Any]:
+    engine = models.engine(
+        drafters=drafters, policy=models.policy("fixed"), num_draft_tokens=8, prefix_cache=True
+    )
+    prompt = models.target.tokenize(CODE * 3)
+    outputs = []
+    for r in range(2):
+        for i in range(3):
+            engine.add_request(f"{r}-{i}", prompt[: 24 + 9 * i], params)
+        produced: dict[str, list[int]] = {}
+        while engine.has_work():
+            for out in engine.step():
+                produced.setdefault(out.request_id, []).extend(out.new_token_ids)
+            if check is not None:
+                check(engine)
+        outputs.append([produced[f"{r}-{i}"] for i in range(3)])
+    return outputs, engine.stats
+
+
+def test_greedy_output_equals_plain(models: LoadedModels) -> None:
+    greedy = SamplingParams(temperature=0.0, max_tokens=40)
+    plain, _ = run(models, (), greedy)
+    drafter: Any = models.drafters["dflash2"]
+
+    def cache_holds_context_only(engine: Any) -> None:
+        for seq in engine.scheduler.running:
+            state = seq.drafter_state.get("dflash2")
+            if state is not None and seq.slot >= 0 and not seq.is_prefilling:
+                assert drafter.cache.lengths[seq.slot] <= seq.num_tokens - 1
+                assert state.end <= seq.num_tokens - 1 and drafter.cache.lengths[seq.slot] in (0, state.end)
+
+    speculative, stats = run(models, ("dflash2",), greedy, cache_holds_context_only)
+    assert speculative == plain
+    assert stats.num_drafts > 0 and stats.num_accepted_tokens > 0
+    assert stats.num_draft_tokens <= 3 * stats.num_drafts  # block 4: at most 3 drafts per step
+
+
+def test_block_size_setting_cuts_the_block(models: LoadedModels) -> None:
+    drafter: Any = models.drafters["dflash2"]
+    assert drafter.block_size == 4 and drafter.top_k == 8
+    seq_option = drafter.available  # at most block_size - 1 whatever the limit
+    from specserve.request import PositionalUniforms
+    from specserve.sequence import Sequence
+
+    seq = Sequence("x", [1, 2, 3], SamplingParams(), PositionalUniforms(0))
+    drafter.begin(seq)
+    assert seq_option(seq, 16).max_tokens == 0  # no context yet: nothing to draft from
+    drafter.release(seq)
+
+
+def exact_pairs(
+    models: LoadedModels, prompt: list[int], knobs: dict[str, Any]
+) -> dict[tuple[int, int], float]:
+    """P(t1, t2) of the target with the knobs applied, from its own logits (slot 15, then freed)."""
+    target, slot = models.target, 15
+    probs: dict[tuple[int, int], float] = {}
+    first = target.decode([DecodeChunk(slot, prompt, 0, 1)])
+    p1 = filter_logits_to_probs(first[0].float().numpy(), **knobs)[0]
+    for t1 in np.nonzero(p1)[0]:
+        target.truncate(slot, len(prompt))
+        second = target.decode([DecodeChunk(slot, [int(t1)], len(prompt), 1)])
+        p2 = filter_logits_to_probs(second[0].float().numpy(), **knobs)[0]
+        for t2 in np.nonzero(p2)[0]:
+            probs[(int(t1), int(t2))] = float(p1[t1] * p2[t2])
+    target.free(slot)
+    return probs
+
+
+def test_sampled_output_follows_the_target_distribution(models: LoadedModels) -> None:
+    # A prompt of the drafter's training kind and a peaked target: drafts are often accepted, and often
+    # not, so both branches of rejection sampling (and the residual) are exercised.
+    knobs: dict[str, Any] = {"temperature": 0.5, "top_k": 3, "top_p": 0.9}
+    prompt = chat_prompt_ids(models.target, [{"role": "user", "content": training_prompts()[7]}])
+    expected = exact_pairs(models, prompt, knobs)
+    engine = models.engine(
+        drafters=("dflash2",), policy=models.policy("fixed"), num_draft_tokens=3, prefix_cache=True
+    )
+    n = 3000
+    for seed in range(n):
+        engine.add_request(f"s{seed}", prompt, SamplingParams(max_tokens=3, seed=seed, **knobs))
+    produced: dict[str, list[int]] = {}
+    while engine.has_work():
+        for out in engine.step():
+            produced.setdefault(out.request_id, []).extend(out.new_token_ids)
+    stats = engine.stats
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens  # both branches of rejection sampling
+    counts = Counter((tokens[0], tokens[1]) for tokens in produced.values())
+    assert set(counts) <= set(expected)
+    cells = sorted(expected)
+    observed = np.array([counts.get(c, 0) for c in cells], dtype=np.float64)
+    wanted = np.array([expected[c] for c in cells]) * n
+    keep = wanted >= 5  # chi-square needs expected counts of at least 5; the rest pooled
+    observed = np.append(observed[keep], observed[~keep].sum())
+    wanted = np.append(wanted[keep], wanted[~keep].sum())
+    if wanted[-1] == 0:
+        observed, wanted = observed[:-1], wanted[:-1]
+    wanted *= observed.sum() / wanted.sum()
+    assert chisquare(observed, wanted).pvalue > 1e-3
+    assert 0.5 * np.abs(observed - wanted).sum() / n < 0.03
+
+
+def test_runtime_failure_degrades_to_plain(models: LoadedModels, monkeypatch: pytest.MonkeyPatch) -> None:
+    greedy = SamplingParams(temperature=0.0, max_tokens=20)
+    plain, _ = run(models, (), greedy)
+    drafter: Any = models.drafters["dflash2"]
+
+    def broken(*_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError("simulated device fault")
+
+    monkeypatch.setattr(drafter, "_block", broken)
+    speculative, stats = run(models, ("dflash2",), greedy)
+    assert speculative == plain
+    assert stats.drafter_failures > 0
+
+
+def test_llama_cpp_target_refuses_or_degrades(tiny_models: TinyModels, trained: tuple[Path, Any]) -> None:
+    base = Settings(target=str(tiny_models.target), draft=str(trained[0]), backend="llama.cpp", threads=1,
+                    context_size=256, calibration_cache=False)  # fmt: skip
+    loaded = load_models(base.validate(), calibrate_costs=False)
+    try:
+        assert "dflash2" not in loaded.drafters and loaded.report.degraded
+        assert any("hidden states" in note for note in loaded.report.notes)
+    finally:
+        loaded.close()
+    with pytest.raises(UserError) as info:
+        load_models(dataclasses.replace(base, drafter="dflash2").validate(), calibrate_costs=False)
+    assert "\n" not in str(info.value) and "torch backend" in str(info.value)
+
+
+def test_training_sees_what_inference_sees(tiny_models: TinyModels, trained: tuple[Path, Any]) -> None:
+    """The recorded features are the target's own for those tokens, and the training forward (all anchors
+    at once, masked) gives the states the drafter computes at inference from its cache (float32, as the
+    training data was recorded)."""
+    settings = Settings(
+        target=str(tiny_models.target), draft=str(trained[0]), backend="torch", device="cpu", dtype="float32",
+        threads=1, context_size=1024, max_running=16, calibration_cache=False,
+    )  # fmt: skip
+    models = load_models(settings.validate(), calibrate_costs=False)
+    try:
+        check_training_view(models, trained[0])
+    finally:
+        models.close()
+
+
+def check_training_view(models: LoadedModels, directory: Path) -> None:
+    from specserve.tools.train_drafter.data import load_examples
+    from specserve.tools.train_drafter.objective import block_states
+
+    drafter: Any = models.drafters["dflash2"]
+    net, target, slot = drafter.net, drafter.target, 14
+    example = load_examples(directory / "data.pt")[-1]
+    anchor = example.prompt_len + 3
+    with torch.no_grad():
+        target.free(slot)
+        target.decode([DecodeChunk(slot, example.tokens[: anchor + 1].tolist(), 0, 1)])
+        recomputed = drafter.features(target.hidden[0])[:anchor]
+        target.free(slot)
+        assert (recomputed - example.features[:anchor]).abs().max().item() < 1e-4
+        trained_view = block_states(net, target.model.embed_tokens, example, torch.tensor([anchor]), 4)
+        net.write_context(drafter.cache, slot, 0, example.features[:anchor])
+        ids = torch.tensor([[int(example.tokens[anchor])] + [net.config.mask_token_id] * 3])
+        served = net(target.model.embed_tokens(ids), drafter.cache, [slot], [(0, anchor)], [anchor])[:, 1:]
+        drafter.cache.free(slot)
+    assert (trained_view - served).abs().max().item() < 1e-4
