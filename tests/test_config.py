@@ -216,6 +216,8 @@ def test_dflash2_settings_take_the_upstream_names_too(tmp_path: Path) -> None:
     env = {"SPECSERVE_BLOCK_SIZE": "16", "SPECSERVE_DRAFT_BLOCK_SIZE": "6", "SPECSERVE_SELECTOR_TOP_K": "3"}
     from_env = load_settings(None, env=env)
     assert (from_env.draft_block_size, from_env.candidate_topk) == (6, 3)
+    both = load_settings(None, env={}, overrides={"draft_block_size": 8, "block_size": 4})
+    assert both.draft_block_size == 8  # in a file too, whatever the order of the keys
 
 
 @pytest.mark.parametrize("env", [{"SPECSERVE_DRAFT_BLOCK_SIZE": "1"}, {"SPECSERVE_CANDIDATE_TOPK": "0"}])

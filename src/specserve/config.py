@@ -353,8 +353,11 @@ def settings_mapping(data: Mapping[str, Any], source: str) -> dict[str, Any]:
     known = {f.name for f in dataclasses.fields(Settings)}
     alias_of = {a: f.name for f in dataclasses.fields(Settings) for a in f.metadata.get("aliases", ())}
     flat: dict[str, Any] = {}
+    given = {str(key).replace("-", "_") for key in data}
     for key, value in data.items():
         name = str(key).replace("-", "_")
+        if name in alias_of and alias_of[name] in given:
+            continue  # the setting's own name wins over its alias, as in the environment
         name = alias_of.get(name, name)
         if name not in known:
             raise SettingsError(f"{source}: unknown setting {key!r}")

@@ -30,7 +30,7 @@ from scipy.stats import chisquare  # noqa: E402
 
 from specserve.backends.base import DecodeChunk  # noqa: E402
 from specserve.chat import chat_prompt_ids  # noqa: E402
-from specserve.config import Settings  # noqa: E402
+from specserve.config import DrafterChoice, Settings  # noqa: E402
 from specserve.engine.builder import LoadedModels, load_models, open_runtime  # noqa: E402
 from specserve.errors import UserError  # noqa: E402
 from specserve.request import SamplingParams  # noqa: E402
@@ -239,6 +239,16 @@ def test_llama_cpp_target_refuses_or_degrades(tiny_models: TinyModels, trained: 
     with pytest.raises(UserError) as info:
         load_models(dataclasses.replace(base, drafter="dflash2").validate(), calibrate_costs=False)
     assert "\n" not in str(info.value) and "torch backend" in str(info.value)
+    # A drafter named by kind that --draft does not hold is refused, not silently missing.
+    cases: list[tuple[DrafterChoice, str]] = [
+        ("dflash2", str(tiny_models.draft)),
+        ("draft-model", str(trained[0])),
+    ]
+    for drafter, draft in cases:
+        wrong = dataclasses.replace(base, backend="torch", drafter=drafter, draft=draft).validate()
+        with pytest.raises(UserError) as info:
+            load_models(wrong, calibrate_costs=False)
+        assert "\n" not in str(info.value) and f"--drafter {drafter} needs" in str(info.value)
 
 
 def test_training_sees_what_inference_sees(tiny_models: TinyModels, trained: tuple[Path, Any]) -> None:
@@ -262,7 +272,7 @@ def check_training_view(models: LoadedModels, directory: Path) -> None:
 
     drafter: Any = models.drafters["dflash2"]
     net, target, slot = drafter.net, drafter.target, 14
-    example = load_examples(directory / "data.pt")[-1]
+    example = load_examples(directory / "data.pt")[0][-1]
     anchor = example.prompt_len + 3
     with torch.no_grad():
         target.free(slot)
@@ -276,3 +286,29 @@ def check_training_view(models: LoadedModels, directory: Path) -> None:
         served = net(target.model.embed_tokens(ids), drafter.cache, [slot], [(0, anchor)], [anchor])[:, 1:]
         drafter.cache.free(slot)
     assert (trained_view - served).abs().max().item() < 1e-4
+
+
+def test_dflash_v1_checkpoint_drafts_losslessly(tiny_models: TinyModels, tmp_path: Path) -> None:
+    """A DFlash (v1) checkpoint, no selector: greedy output equals plain, and a sampled request drafts from
+    the full-vocabulary q (one-hot for greedy rows) without error."""
+    from support.tiny_dflash import write_tiny_dflash
+    from support.tiny_models import tiny_vocab
+
+    vocab = tiny_vocab()
+    checkpoint = write_tiny_dflash(
+        tmp_path / "v1", vocab_size=len(vocab.tokens), version=1, mask_token_id=vocab.special_ids[0]
+    )
+    settings = Settings(
+        target=str(tiny_models.target), draft=str(checkpoint), backend="torch", device="cpu", threads=1,
+        context_size=512, max_running=4, calibration_cache=False,
+    )  # fmt: skip
+    loaded = load_models(settings.validate(), calibrate_costs=False)
+    try:
+        greedy = SamplingParams(temperature=0.0, max_tokens=24)
+        plain, _ = run(loaded, (), greedy)
+        speculative, stats = run(loaded, ("dflash2",), greedy)
+        assert speculative == plain and stats.num_drafts > 0
+        sampled, stats = run(loaded, ("dflash2",), SamplingParams(temperature=1.0, max_tokens=24, seed=3))
+        assert stats.num_drafts > 0 and all(len(out) == 24 for r in sampled for out in r)
+    finally:
+        loaded.close()

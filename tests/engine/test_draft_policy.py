@@ -275,3 +275,35 @@ def test_the_policy_prices_the_runtimes_own_packing() -> None:
     # The same costs, but a runtime that runs every row in a call of its own: drafts cost full steps.
     one_row_calls = CostAwarePolicy(CostModel(flat), call_rows=lambda rows: [1] * sum(rows))
     assert one_row_calls.plan([make_seq()], [ngram_option(4, "match>16")], [3]) == [DraftPlan()]
+
+
+class SelfPricedStub(StubDrafter):
+    """A drafter that measures its own proposal cost (as the DFlash2 block drafter does)."""
+
+    name = "self-priced"
+
+    def __init__(self, option: DraftOption, seconds: float) -> None:
+        super().__init__(option)
+        self.seconds = seconds
+        self.asked: list[tuple[int, int]] = []
+
+    def draft_seconds(self, num_sequences: int, num_tokens: int) -> float | None:
+        self.asked.append((num_sequences, num_tokens))
+        return self.seconds * num_sequences
+
+
+@pytest.mark.parametrize(("draft_cost", "drafts"), [(0.1 * STEP, True), (20 * STEP, False)])
+def test_a_self_priced_drafter_drafts_only_where_its_own_cost_allows(draft_cost: float, drafts: bool) -> None:
+    """On GPU-like verify costs a block drafter pays when its proposal is cheap, not when it costs more than
+    the steps it could save; the price is asked for the batch, once per step."""
+    drafter = SelfPricedStub(DraftOption(15, "block16"), draft_cost)
+    seqs = [make_seq("a"), make_seq("b")]
+    policy = CostAwarePolicy(CostModel(gpu_like()))
+    for seq in seqs:
+        for _ in range(8):  # a record of full acceptance: alpha near 1
+            policy.acceptance.observe(seq, drafter.name, "block16", 15, 15)
+    options: list[Options] = [{drafter.name: (drafter, drafter.option)} for _ in seqs]
+    plans = policy.plan(seqs, options)
+    assert_valid(plans, options)
+    assert all((plan.drafter is drafter) == drafts for plan in plans)
+    assert not drafts or any(n == 2 for n, _ in drafter.asked)  # both priced as one batched proposal

@@ -148,7 +148,7 @@ class BlockDrafter(Drafter):
             spans.append((state.start, state.end))
         k = max(num_tokens)
         temperatures = torch.tensor([0.0 if s.params.greedy else s.params.temperature for s in seqs])
-        uniforms = torch.zeros(len(seqs), k)
+        uniforms = torch.zeros(len(seqs), k, dtype=torch.float64)
         for row, seq in enumerate(seqs):
             if not seq.params.greedy:
                 uniforms[row] = torch.from_numpy(seq.uniforms.take(DRAFT_STREAM, len(seq.output_ids), k))
@@ -158,6 +158,8 @@ class BlockDrafter(Drafter):
             anchors, [s.slot for s in seqs], spans, positions, k, temperatures, uniforms
         )
         host_tokens = tokens.tolist()  # the one wait of a proposal
+        if q is not None and not bool(torch.isfinite(q).all()):
+            raise DrafterError("dflash2 produced non-finite draft probabilities")
         proposals = []
         for row, (seq, n) in enumerate(zip(seqs, num_tokens, strict=True)):
             probs = None
@@ -174,7 +176,7 @@ class BlockDrafter(Drafter):
         positions: list[int],
         k: int,
         temperatures: torch.Tensor,  # [S] float32 (0: greedy)
-        uniforms: torch.Tensor,  # [S, k] float32
+        uniforms: torch.Tensor,  # [S, k] float64
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """One block forward for S sequences, the head on its first ``k`` drafted positions, the walk."""
         c, device = self.net.config, self.target.device
@@ -215,11 +217,14 @@ class BlockDrafter(Drafter):
         return dict(self._seconds)
 
     def _dense(self, q: torch.Tensor, candidates: torch.Tensor | None) -> torch.Tensor:
-        """The draft distribution ``[n, vocab]`` float64 on the device: q over the candidates, 0 elsewhere."""
+        """The draft distribution ``[n, vocab]`` float64 on the device: q over the candidates, 0 elsewhere,
+        normalised as the draw normalised it."""
+        q = q.double()
+        q = q / q.sum(-1, keepdim=True)
         if candidates is None:
-            return q.double()
+            return q
         dense = torch.zeros(q.shape[0], self.target.info.vocab_size, dtype=torch.float64, device=q.device)
-        return dense.scatter_(1, candidates, q.double())
+        return dense.scatter_(1, candidates, q)
 
     def draft_seconds(self, num_sequences: int, num_tokens: int) -> float | None:
         """Measured per-sequence cost of a proposal of this length (the nearest length measured: at load,
@@ -252,5 +257,9 @@ def build(context: DrafterContext) -> Drafter:
         )
     net = load_block_drafter(context.block_drafter_path, target.config, target.dtype, target.device)
     drafter = BlockDrafter(target, net, context.draft_block_size, context.candidate_topk)
-    drafter.measure()
+    try:
+        drafter.measure()
+    except Exception:
+        drafter.close()  # the target stops capturing hidden states nobody reads
+        raise
     return drafter

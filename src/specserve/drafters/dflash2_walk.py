@@ -57,4 +57,6 @@ def inverse_cdf(probs: Tensor, uniforms: Tensor) -> Tensor:
     """Inverse-CDF draws of ``probs [..., n]`` with ``uniforms [...]`` (the verifier's own sampler, so a
     draft is drawn as a target token would be)."""
     flat = sample_inverse_cdf(probs.reshape(-1, probs.shape[-1]).double(), uniforms.reshape(-1).double())
-    return flat.view(uniforms.shape)
+    # A row without mass (NaN logits) comes back -1: kept in range here (a -1 gather is a device-side
+    # assert on a GPU); the drafter refuses the proposal once the ids are on the host.
+    return flat.view(uniforms.shape).clamp_min(0)

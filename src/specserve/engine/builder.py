@@ -161,6 +161,7 @@ def load_models(settings: Settings, calibrate_costs: bool = True, keep_draft: bo
 
         costs = CostModel(measure(target))
         block_dir = _block_drafter_dir(settings, store)
+        _check_draft_kind(settings, block_dir)
         if block_dir is None and _wants_draft(settings, keep_draft):
             max_k = min(settings.num_draft_tokens, target.info.max_verify_tokens - 1)
             draft = _load_draft(settings, store, target_path, costs, report, measure, keep_draft, max_k)
@@ -278,6 +279,22 @@ def _block_drafter_dir(settings: Settings, store: ModelStore) -> Path | None:
     if name is None or name in store.catalog or not is_block_drafter(Path(name).expanduser()):
         return None
     return Path(name).expanduser()
+
+
+def _check_draft_kind(settings: Settings, block_dir: Path | None) -> None:
+    """A drafter asked for by name needs the kind of model ``--draft`` names (else it would be missing)."""
+    from specserve.models import ModelStoreError
+
+    if settings.drafter == "dflash2" and block_dir is None:
+        raise ModelStoreError(
+            f"--drafter dflash2 needs --draft DIR naming a DFlash2 (or DFlash) checkpoint; "
+            f"--draft is {settings.draft!r}"
+        )
+    if settings.drafter == "draft-model" and block_dir is not None:
+        raise ModelStoreError(
+            f"--drafter draft-model needs a draft model; --draft {block_dir} is a DFlash2 checkpoint "
+            "(--drafter dflash2 or auto)"
+        )
 
 
 def _load_block_drafter(

@@ -86,6 +86,16 @@ class BlockDrafterConfig:
         }
 
 
+def default_layer_ids(num_target_layers: int, count: int) -> tuple[int, ...]:
+    """``count`` target layers spread from layer 1 to layer L − 3: the upstream default when a config
+    names none (one layer: the middle one)."""
+    if count == 1:
+        return (num_target_layers // 2,)
+    span = num_target_layers - 4
+    ids = (round(1 + i * span / (count - 1)) for i in range(count))
+    return tuple(sorted({max(0, min(num_target_layers - 1, i)) for i in ids}))
+
+
 def is_block_drafter(path: Path | str) -> bool:
     """Whether ``path`` is a checkpoint directory of a DFlash or DFlash2 drafter."""
     file = Path(path) / "config.json"
@@ -123,6 +133,8 @@ def _parse(raw: dict[str, Any], version: int) -> BlockDrafterConfig:
     layer_types = raw.get("layer_types") or []
     if any(t != "full_attention" for t in layer_types) or raw.get("use_sliding_window"):
         raise ValueError("sliding-window drafter layers are not supported")
+    if raw.get("is_causal"):
+        raise ValueError("causal drafter layers are not supported (DFlash blocks are bidirectional)")
     rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
     if rope.get("rope_type", rope.get("type", "default")) != "default":
         raise ValueError(f"RoPE type {rope.get('rope_type')!r} is not supported (default RoPE only)")
@@ -143,7 +155,12 @@ def _parse(raw: dict[str, Any], version: int) -> BlockDrafterConfig:
         attention_bias=bool(raw.get("attention_bias", False)),
         num_target_layers=int(raw["num_target_layers"]),
         block_size=int(value("block_size", 16)),
-        target_layer_ids=tuple(int(i) for i in value("target_layer_ids")),
+        target_layer_ids=tuple(
+            int(i)
+            for i in dflash.get("target_layer_ids")
+            or raw.get("target_layer_ids")
+            or default_layer_ids(int(raw["num_target_layers"]), layers)
+        ),
         mask_token_id=int(value("mask_token_id")),
         selector_rank=int(value("selector_rank")) if version == 2 else 0,
         selector_top_k=int(value("selector_top_k")) if version == 2 else 0,

@@ -157,7 +157,11 @@ def _add_train_drafter(sub: Any) -> None:
     train.add_argument("--temperature", type=float, default=0.0, help="Of the generated responses.")
     train.add_argument("--context", type=int, default=1024, help="Context of a training sequence.")
     train.add_argument("--checkpoint-every", type=int, default=100)
-    train.add_argument("--no-resume", action="store_true", help="Start over even if a checkpoint exists.")
+    train.add_argument(
+        "--no-resume",
+        action="store_true",
+        help="Start over even if a checkpoint exists (its data.pt is reused).",
+    )
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--config", default=None)
     add_arguments(train, ("models",), exclude=("draft", "backend", "exact", "context_size"))

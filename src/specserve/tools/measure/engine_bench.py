@@ -163,8 +163,10 @@ def run_engine_bench(
                     or (n in models.drafters and (n != "draft-model" or pays or current.policy == "fixed"))
                 )
                 block: Any = models.drafters.get("dflash2")
-                if block is not None:  # this mode's block, else the checkpoint's
-                    block.block_size = current.block_size or block.net.config.block_size
+                if block is not None:  # this mode's block, else the setting's, else the checkpoint's
+                    block.block_size = (
+                        current.block_size or settings.draft_block_size or block.net.config.block_size
+                    )
                 engine = models.engine(names, policies[mode_name], settings.num_draft_tokens)
                 grammar = None
                 if "schema" in item:

@@ -123,13 +123,16 @@ def generate_examples(
     return examples
 
 
-def save_examples(examples: list[Example], path: Path) -> None:
-    payload = [{"tokens": e.tokens, "features": e.features, "prompt_len": e.prompt_len} for e in examples]
+def save_examples(examples: list[Example], path: Path, recorded_with: dict[str, Any]) -> None:
+    """``recorded_with``: what the features depend on (the target layers read), checked on reuse."""
+    rows = [{"tokens": e.tokens, "features": e.features, "prompt_len": e.prompt_len} for e in examples]
     partial = path.with_suffix(".partial")
-    torch.save(payload, partial)
+    torch.save({"recorded_with": recorded_with, "examples": rows}, partial)
     partial.replace(path)
 
 
-def load_examples(path: Path) -> list[Example]:
+def load_examples(path: Path) -> tuple[list[Example], dict[str, Any]]:
+    """The examples and what they were recorded with."""
     payload = torch.load(path, weights_only=True)
-    return [Example(p["tokens"], p["features"], int(p["prompt_len"])) for p in payload]
+    rows = payload["examples"]
+    return [Example(p["tokens"], p["features"], int(p["prompt_len"])) for p in rows], payload["recorded_with"]

@@ -21,12 +21,11 @@ import torch
 
 from specserve.backends.torch.dflash2 import BlockDrafterNet, TargetFeatures
 from specserve.backends.torch.dflash2_files import load_block_drafter, save_block_drafter
-from specserve.models.block_drafter import BlockDrafterConfig, read_block_drafter_config
+from specserve.models.block_drafter import BlockDrafterConfig, default_layer_ids, read_block_drafter_config
 from specserve.tools.train_drafter.data import generate_examples, load_examples, read_prompts, save_examples
 from specserve.tools.train_drafter.objective import (
     Objective,
     acceptance_length,
-    default_layer_ids,
     example_loss,
     new_drafter,
     sample_anchors,
@@ -70,20 +69,30 @@ def train_drafter(target: Any, options: TrainOptions, log: Any = print) -> dict[
     config = read_block_drafter_config(out) if resumed else _config(target, options)
     features = TargetFeatures(target.model, config.target_layer_ids)
     data_file = out / "data.pt"
+    recorded_with = {"target_layer_ids": list(config.target_layer_ids), "target": target.info.path}
     if data_file.is_file():
-        examples = load_examples(data_file)
+        examples, found = load_examples(data_file)
+        if found != recorded_with:
+            raise ToolInputError(
+                f"{data_file} was recorded with {found}, this drafter reads {recorded_with}: delete it, or "
+                "use another --output-dir"
+            )
     else:
         prompts = read_prompts(options.prompts)
         started = time.perf_counter()
         examples = generate_examples(
             target, features, prompts, options.max_new_tokens, options.temperature, _progress(log, "generate")
         )
-        save_examples(examples, data_file)
+        save_examples(examples, data_file, recorded_with)
         log(f"generated {len(examples)} responses in {time.perf_counter() - started:.0f} s")
     held = max(1, round(len(examples) * options.holdout))
     if len(examples) < 2:
         raise ToolInputError("train-drafter needs at least 2 usable responses (more prompts?)")
     train, heldout = examples[:-held], examples[-held:]
+    # An anchor needs a whole block of response after it; shorter responses train nothing.
+    train = [e for e in train if e.tokens.shape[0] - config.block_size >= e.prompt_len]
+    if not train:
+        raise ToolInputError(f"no training response is longer than the block ({config.block_size} tokens)")
     device = target.device
     embed, head = target.model.embed_tokens, target.model.lm_head
     for p in target.model.parameters():
@@ -96,8 +105,14 @@ def train_drafter(target: Any, options: TrainOptions, log: Any = print) -> dict[
     step, summary = 0, {}
     if resumed:
         saved = torch.load(state_file, weights_only=False)
-        optimizer.load_state_dict(saved["optimizer"])
         step, summary = int(saved["step"]), dict(saved["summary"])
+        weights_step = json.loads((out / "config.json").read_text()).get("training_step")
+        if weights_step != step:  # a crash between the two writes of a checkpoint
+            raise ToolInputError(
+                f"{out}: the weights are from step {weights_step}, the optimizer state from step {step}; "
+                "start over with --no-resume"
+            )
+        optimizer.load_state_dict(saved["optimizer"])
     objective = Objective(config.block_size, options.anchors, options.gamma)
     autocast = torch.autocast(device.type, dtype=target.dtype, enabled=target.dtype != torch.float32)
     if "acceptance_before" not in summary:
@@ -192,7 +207,7 @@ def _learning_rate(o: TrainOptions, step: int) -> float:
 
 
 def _checkpoint(net: BlockDrafterNet, optimizer: Any, step: int, summary: dict[str, Any], out: Path) -> None:
-    save_block_drafter(net, out)
+    save_block_drafter(net, out, extra={"training_step": step})
     partial = out / "training_state.partial"
     torch.save({"optimizer": optimizer.state_dict(), "step": step, "summary": summary}, partial)
     partial.replace(out / "training_state.pt")

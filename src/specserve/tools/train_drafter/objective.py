@@ -30,15 +30,6 @@ from specserve.models.block_drafter import BlockDrafterConfig
 from specserve.tools.train_drafter.data import Example
 
 
-def default_layer_ids(num_target_layers: int, count: int) -> tuple[int, ...]:
-    """``count`` target layers spread from layer 1 to layer L − 3 (the upstream default)."""
-    if count == 1:
-        return (num_target_layers // 2,)
-    span = num_target_layers - 4
-    ids = (round(1 + i * span / (count - 1)) for i in range(count))
-    return tuple(sorted({max(0, min(num_target_layers - 1, i)) for i in ids}))
-
-
 def new_drafter(target: nn.Module, config: BlockDrafterConfig, seed: int = 0) -> BlockDrafterNet:
     """A float32 drafter for ``target`` (our torch Decoder), initialised as the module docstring says."""
     torch.manual_seed(seed)
