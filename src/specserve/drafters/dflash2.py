@@ -96,13 +96,14 @@ class BlockDrafter(Drafter):
         if hidden is None or count <= 0:
             return
         state = self._context(seq)
-        known = state.end + sum(f.shape[0] for _, f in state.pending)
-        if start != known or (state.end == state.start and not state.pending):
+        waiting = sum(f.shape[0] for _, f in state.pending)
+        if start != state.end + waiting or (state.end == state.start and not waiting):
             # A gap (positions the target did not evaluate) or the first rows: the context starts here.
             state.start = state.end = start
             state.pending.clear()
+            waiting = 0
         state.pending.append((start, self.features(hidden[chunk][:count])))
-        if sum(f.shape[0] for _, f in state.pending) > PENDING_ROWS and seq.slot >= 0:
+        if waiting + count > PENDING_ROWS and seq.slot >= 0:
             with torch.inference_mode():
                 self._project(seq.slot, state)
 

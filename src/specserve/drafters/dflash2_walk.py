@@ -4,7 +4,6 @@ sample of each position's softmax), greedy or sampled with the request's draft u
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from specserve.backends.torch.dflash2 import BlockDrafterNet
@@ -21,7 +20,8 @@ def walk(
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """The drafted path ``[S, P]`` int64 and, when any sequence samples, each position's draft
     distribution: ``q [S, P, K]`` float32 over ``candidates [S, P, K]`` (DFlash2), or ``q [S, P, vocab]``
-    with ``candidates`` None (DFlash, no selector). Greedy rows of ``q`` are one-hot."""
+    with ``candidates`` None (DFlash, no selector). A greedy row's ``q`` is its softmax at temperature 1,
+    never handed to a verifier (greedy drafts are verified one-hot)."""
     sampled = temperatures > 0
     scale = torch.where(sampled, temperatures, 1.0)[:, None]
     if net.candidate_selector is None:
@@ -29,9 +29,7 @@ def walk(
         if not bool(sampled.any()):
             return greedy, None, None
         q = torch.softmax(logits / scale[..., None], dim=-1)
-        drawn = inverse_cdf(q, uniforms)
-        tokens = torch.where(sampled[:, None], drawn, greedy)
-        q = torch.where(sampled[:, None, None], q, F.one_hot(tokens, q.shape[-1]).to(q.dtype))
+        tokens = torch.where(sampled[:, None], inverse_cdf(q, uniforms), greedy)
         return tokens, q, None
     selector = net.candidate_selector
     unary, candidates = torch.topk(logits, selector.top_k, dim=-1)  # [S, P, K], best first
@@ -45,7 +43,6 @@ def walk(
         if bool(sampled.any()):
             q = torch.softmax(scores / scale, dim=-1)
             index = torch.where(sampled, inverse_cdf(q, uniforms[:, position]), index)
-            q = torch.where(sampled[:, None], q, F.one_hot(index, q.shape[-1]).to(q.dtype))
             q_rows.append(q)
         predecessor = candidates[:, position].gather(-1, index[:, None])[:, 0]
         path.append(predecessor)

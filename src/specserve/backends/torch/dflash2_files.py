@@ -16,6 +16,7 @@ import torch
 
 from specserve.backends.torch.config import DecoderConfig
 from specserve.backends.torch.dflash2 import BlockDrafterNet, module_name, published_name
+from specserve.backends.torch.weights import read_safetensors, safetensors_files
 from specserve.models.block_drafter import BlockDrafterConfig, read_block_drafter_config
 from specserve.models.errors import ModelStoreError
 
@@ -39,17 +40,14 @@ def load_block_drafter(
     path: Path | str, target: DecoderConfig, dtype: torch.dtype, device: torch.device
 ) -> BlockDrafterNet:
     """The drafter of checkpoint directory ``path`` for ``target``, on ``device`` in ``dtype``, eval mode."""
-    from safetensors import safe_open
-
     directory = Path(path)
     config = read_block_drafter_config(directory)
     check_matches_target(config, target, directory)
     net = BlockDrafterNet(config)
-    state: dict[str, torch.Tensor] = {}
-    for file in _weight_files(directory):
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open has keys() but no iteration
-                state[module_name(name)] = f.get_tensor(name)
+    try:
+        state = {module_name(name): tensor for name, tensor in read_safetensors(safetensors_files(directory))}
+    except FileNotFoundError as exc:
+        raise ModelStoreError(str(exc)) from None
     expected = set(net.state_dict())
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or unexpected:
@@ -78,14 +76,3 @@ def save_block_drafter(
     partial.replace(out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(net.config.as_json() | (extra or {}), indent=2))
     return out
-
-
-def _weight_files(directory: Path) -> list[Path]:
-    index = directory / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
-        return sorted({directory / f for f in weight_map.values()})
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        raise ModelStoreError(f"{directory}: no *.safetensors weights")
-    return files

@@ -152,23 +152,34 @@ class HFWeights:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.config = from_hf_config(json.loads((directory / "config.json").read_text()))
-        index = directory / "model.safetensors.index.json"
-        if index.is_file():
-            weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
-            self.files = sorted({directory / f for f in weight_map.values()})
-        else:
-            self.files = sorted(directory.glob("*.safetensors"))
-        if not self.files:
-            raise FileNotFoundError(f"{directory}: no *.safetensors weights")
+        self.files = safetensors_files(directory)
 
     def __iter__(self) -> Iterator[tuple[str, Any]]:
         """(name, torch tensor) pairs; Qwen3/Llama checkpoints may carry a ``model.`` prefix only."""
-        from safetensors import safe_open
+        return read_safetensors(self.files)
 
-        for file in self.files:
-            with safe_open(str(file), framework="pt") as f:
-                for name in f.keys():  # noqa: SIM118 - safe_open has keys() but no iteration
-                    yield name, f.get_tensor(name)
+
+def safetensors_files(directory: Path) -> list[Path]:
+    """The weight files of a checkpoint directory: the shards its index lists, else every *.safetensors."""
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+        files = sorted({directory / f for f in weight_map.values()})
+    else:
+        files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{directory}: no *.safetensors weights")
+    return files
+
+
+def read_safetensors(files: list[Path]) -> Iterator[tuple[str, Any]]:
+    """(name, torch tensor) pairs of ``files``, file after file, one tensor in memory at a time."""
+    from safetensors import safe_open
+
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open has keys() but no iteration
+                yield name, f.get_tensor(name)
 
 
 def open_weights(path: Path) -> GGUFWeights | HFWeights:

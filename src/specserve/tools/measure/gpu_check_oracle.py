@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from specserve.drafters.base import Drafter, DraftOption, Proposal
+from specserve.engine.builder import flat_costs
 from specserve.engine.cost_model import CostModel, StepCostTable, calibrate
 from specserve.engine.draft_policy import (
     CostAwarePolicy,
@@ -117,7 +118,7 @@ def generate(
     drafter)."""
     drafters = {} if drafter is None else {drafter.name: drafter}
     options = EngineOptions(tuple(drafters), num_draft_tokens, speculation_enabled=bool(drafters))
-    costs = costs or CostModel(StepCostTable.from_samples({1: 1.0, 64: 64.0}))
+    costs = costs or CostModel(flat_costs())
     engine = SpeculativeEngine(runtime, drafters, policy or FixedLengthPolicy(), costs, options)
     seq = engine.add_request(
         "gpu-check", prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True, seed=0)

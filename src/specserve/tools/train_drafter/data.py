@@ -23,7 +23,8 @@ import torch
 from specserve.backends.torch.dflash2 import TargetFeatures
 from specserve.chat import chat_prompt_ids
 from specserve.drafters.base import Drafter, DraftOption, Proposal
-from specserve.engine.cost_model import CostModel, StepCostTable
+from specserve.engine.builder import flat_costs
+from specserve.engine.cost_model import CostModel
 from specserve.engine.draft_policy import FixedLengthPolicy
 from specserve.engine.engine import SpeculativeEngine
 from specserve.engine.options import EngineOptions
@@ -96,7 +97,7 @@ def generate_examples(
         target,
         {recorder.name: recorder},
         FixedLengthPolicy(),
-        CostModel(StepCostTable.from_samples({1: 1.0, 64: 64.0})),
+        CostModel(flat_costs()),  # plain decoding consults no costs
         EngineOptions((), 0, speculation_enabled=False),
     )
     params = SamplingParams(temperature=temperature, max_tokens=max_new_tokens, seed=0)
