@@ -8,10 +8,18 @@
 #    would get alone and exact mode can keep weight repacking and any verify size. The patch must
 #    apply: an unpatched wheel that exact mode would trust is never built.
 #  * -DGGML_LLAMAFILE=OFF: llamafile's sgemm also switches kernels by batch size.
+#  * -DGGML_CPU_TILED_MIN_BATCH=32 (the patch makes it an option): ggml's tiled K-quant kernel takes over
+#    from vec_dot at 8 rows upstream, where it costs 1.2-1.5x vec_dot on this project's CPUs (AVX-512 and
+#    AVX2 builds alike) up to 24 rows and breaks even at 32: the 8-row cost cliff of verify calls
+#    (docs/BENCHMARKS.md). Prompt batches of 48 rows and more keep it.
 #  * llama.cpp's default GGML_NATIVE=ON (-march=native, as a user's own build of llama.cpp has), plus
 #    -mno-amx-* where the CPU advertises AMX: some VMs advertise it but fault on its instructions (seen
 #    here: SIGSEGV in ggml_backend_amx_mul_mat on the first prompt batch). The cache key includes the
 #    CPU's model and flags, since a native wheel runs only on the CPU kind that built it.
+#  * SPECSERVE_LLAMA_ISA=avx2: the portable AVX2-only build instead of -march=native (GGML_NATIVE=OFF,
+#    AVX2 + FMA + F16C + BMI2, no AVX-512, no AMX; scripts/llama-avx2.cmake-args), e.g. to measure the
+#    AVX2 kernels on a CPU that has AVX-512. A second cached wheel; install it with
+#    SPECSERVE_LLAMA_ISA=avx2 scripts/install.sh.
 #  * GPU: set SPECSERVE_LLAMA_CMAKE_ARGS="-DGGML_CUDA=ON" (see README) to build for CUDA instead.
 set -euo pipefail
 VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
@@ -19,10 +27,16 @@ CACHE="${SPECSERVE_WHEEL_CACHE:-$HOME/.cache/specserve/wheels}"
 PY="${PYTHON:-python3}"
 PATCH="$(cd "$(dirname "$0")/.." && pwd)/patches/llama.cpp-batch-invariant.patch"
 
-args="-DGGML_LLAMAFILE=OFF -DGGML_CPU_BATCH_INVARIANT=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
+args="-DGGML_LLAMAFILE=OFF -DGGML_CPU_BATCH_INVARIANT=ON -DGGML_CPU_TILED_MIN_BATCH=32"
+args="$args -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
 args="$args -DLLAMA_BUILD_TOOLS=OFF"
 if [[ -n "${SPECSERVE_LLAMA_CMAKE_ARGS:-}" ]]; then
   args="$args $SPECSERVE_LLAMA_CMAKE_ARGS"
+elif [[ "${SPECSERVE_LLAMA_ISA:-native}" == "avx2" ]]; then
+  args="$args $(cat "$(dirname "$0")/llama-avx2.cmake-args")"
+elif [[ "${SPECSERVE_LLAMA_ISA:-native}" != "native" ]]; then
+  echo "error: SPECSERVE_LLAMA_ISA must be native or avx2, not ${SPECSERVE_LLAMA_ISA}" >&2
+  exit 2
 elif [[ "$(uname -m)" == "x86_64" ]]; then
   if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
     args="$args -DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'"

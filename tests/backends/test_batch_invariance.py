@@ -8,6 +8,10 @@ build: stock ggml differs from 4 rows on (repacked Q4_K) and from 8 rows on (Q6_
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,12 +22,17 @@ import pytest
 from specserve.backends import invariance, llama_cpp
 from specserve.backends.base import DecodeChunk
 from specserve.backends.invariance import InvarianceResult, check_batch_invariance, check_tokens
-from specserve.backends.llama_cpp import EXACT_MAX_ROWS, LlamaCppRuntime, build_is_batch_invariant
+from specserve.backends.llama_cpp import (
+    EXACT_MAX_ROWS,
+    LlamaCppRuntime,
+    build_is_batch_invariant,
+    tiled_min_batch,
+)
 from support.quantized import tensor_types, tiny_kquant_model
 
 Logits = npt.NDArray[np.float32]
 OpenRuntime = Callable[..., LlamaCppRuntime]
-MAX_ROWS = 32
+MAX_ROWS = 40  # past the build's tiled threshold (32), the 16-row gemm blocks twice
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +72,32 @@ def test_the_build_carries_the_patch() -> None:
     assert build_is_batch_invariant(), (
         "llama-cpp-python was built without patches/llama.cpp-batch-invariant.patch"
     )
+
+
+def test_the_build_reports_its_tiled_threshold_and_takes_the_environment_over_it() -> None:
+    """The patch moves the tiled kernel's start to a build option (the 8-row cost cliff, docs/BENCHMARKS.md)
+    and reports it; the self-check sizes its batch by it."""
+    configured = re.search(r"GGML_CPU_TILED_MIN_BATCH=(\d+)", Path("scripts/build-llama-cpp.sh").read_text())
+    assert configured is not None
+    assert tiled_min_batch() == int(configured.group(1)) > 8
+    code = "from specserve.backends.llama_cpp import tiled_min_batch; print(tiled_min_batch())"
+    env = os.environ | {"GGML_CPU_TILED_MM_MIN_BATCH": "8"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert done.stdout.strip() == "8"
+
+
+@pytest.mark.parametrize(("threshold", "rows"), [(None, 16), (8, 16), (32, 37), (64, 69)])
+def test_the_self_check_batch_reaches_the_tiled_kernel_and_every_gemm_block(
+    threshold: int | None, rows: int
+) -> None:
+    assert invariance.check_rows(threshold) == rows
+
+
+def test_the_load_time_self_check_ran_a_batch_past_the_tiled_threshold(open_runtime: OpenRuntime) -> None:
+    runtime = open_runtime()
+    threshold = tiled_min_batch()
+    assert threshold is not None
+    assert f"{threshold + 5}-row batch equals one-token decoding" in runtime.info.exactness_note
 
 
 @pytest.mark.parametrize("threads", [1, 2])

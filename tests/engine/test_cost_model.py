@@ -20,7 +20,8 @@ from specserve.engine.cost_model import (
     StepCostTable,
     cached_calibration,
     calibrate,
-    probe_one_token,
+    probe,
+    probe_disagreement,
 )
 from support.tiny_models import TinyModels
 
@@ -181,15 +182,49 @@ def test_a_cached_table_the_probe_agrees_with_is_reused(
 ) -> None:
     first = cached_calibration(runtime, 1, tmp_path, {"threads": 1})
     monkeypatch.setattr(cost_model, "calibrate", lambda *a, **k: pytest.fail("measured again"))
-    monkeypatch.setattr(cost_model, "probe_one_token", lambda *a: first(1) * 1.5)
+    monkeypatch.setattr(cost_model, "probe", lambda *a: {1: first(1) * 1.5, 8: first(8) * 1.6})
     assert np.array_equal(cached_calibration(runtime, 1, tmp_path, {"threads": 1}).seconds, first.seconds)
     # The probe ran on the scratch sequence only: the other sequence can still start at position 0.
     (rows,) = runtime.decode([DecodeChunk(0, [1, 2], 0, 1)])
     assert rows.shape == (1, runtime.info.vocab_size)
 
 
+def test_a_cached_table_of_another_cost_curve_is_measured_again(
+    runtime: LlamaCppRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Same one-token cost, but 8 rows now cost 4 steps where the table says 5.4 (the tiled kernel's start
+    moved in a new build): a first request would be priced by the old curve."""
+    first = cached_calibration(runtime, 1, tmp_path, {"threads": 1})
+    measured: list[bool] = []
+
+    def measure(*_args: object, **_kwargs: object) -> StepCostTable:
+        measured.append(True)
+        return first
+
+    monkeypatch.setattr(cost_model, "calibrate", measure)
+    monkeypatch.setattr(cost_model, "probe", lambda *a: {1: first(1), 8: first(8) / 1.35})
+    cached_calibration(runtime, 1, tmp_path, {"threads": 1})
+    assert measured == [True]
+
+
+@pytest.mark.parametrize(
+    ("probed", "reason"),
+    [
+        ({1: 0.010, 8: 0.040}, None),
+        ({1: 0.019, 8: 0.076}, None),  # a slower moment, the same shape
+        ({1: 0.030, 8: 0.120}, "one token"),
+        ({1: 0.010, 8: 0.052}, "8 rows"),
+        ({1: 0.010, 8: 0.030}, "8 rows"),
+    ],
+)
+def test_probe_disagreement(probed: dict[int, float], reason: str | None) -> None:
+    cached = StepCostTable.from_samples({1: 0.010, 8: 0.040, 32: 0.140})
+    found = probe_disagreement(cached, probed)
+    assert found is None if reason is None else reason in str(found)
+
+
 def test_probe_leaves_the_scratch_sequence_empty(runtime: LlamaCppRuntime) -> None:
-    assert probe_one_token(runtime, 1) > 0
+    assert all(seconds > 0 for seconds in probe(runtime, 1).values())
     (rows,) = runtime.decode([DecodeChunk(1, [5], 0, 1)])
     assert rows.shape == (1, runtime.info.vocab_size)
 

@@ -85,6 +85,9 @@ class RuntimeInfo:
     logits_device: str = "cpu"
     """Where ``decode`` leaves the logits: ``cpu`` (numpy arrays) or a device name (``cuda``, tensors there);
     the engine picks the verifier that works where they are."""
+    build: str = ""
+    """What the runtime's kernels are (llama.cpp: its CPU features, e.g. ``AVX512 = 1``, ``TILED_MIN_BATCH =
+    32``): two builds of one model cost differently per call size, so a cost calibration is kept per build."""
 
 
 LogitsT = TypeVar("LogitsT")

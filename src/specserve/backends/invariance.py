@@ -24,7 +24,18 @@ from specserve.backends.base import DecodeChunk, ModelRuntime, to_host
 log = logging.getLogger("specserve.invariance")
 
 CHECK_ROWS = 16
-"""Rows of the batched call: past ggml's 8-row tiled switch and a whole 4/16-row repacked gemm block."""
+"""Rows of the batched call at least: a 16-row repacked gemm block, past stock ggml's 8-row tiled switch."""
+
+
+def check_rows(tiled_min_batch: int | None) -> int:
+    """Rows of the batched call for a build whose tiled K-quant kernel starts at ``tiled_min_batch`` rows.
+
+    The call must reach every kernel a verify batch can: the tiled kernel, and the repacked gemm's 16-row
+    blocks, its 4-row blocks and the one-row gemv for the rest (hence + 5: 16k + 4 + 1 rows)."""
+    if tiled_min_batch is None:
+        return CHECK_ROWS
+    return max(CHECK_ROWS, tiled_min_batch + 5)
+
 
 CONTEXT_TOKENS = 8
 

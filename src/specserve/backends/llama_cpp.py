@@ -29,6 +29,7 @@ import ctypes
 import dataclasses
 import logging
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,7 @@ from specserve.backends.base import (
     chunk_piece,
     row_offsets,
 )
-from specserve.backends.invariance import check_batch_invariance
+from specserve.backends.invariance import check_batch_invariance, check_rows
 from specserve.backends.llama_cpp_lib import llama_lib
 from specserve.backends.llama_cpp_vocab import VocabularyMethods
 
@@ -67,10 +68,20 @@ def _kv_bytes_per_token(lib: Any, model: Any) -> int:
     return int(lib.llama_model_n_layer(model)) * 2 * int(lib.llama_model_n_head_kv(model)) * head_dim * 2
 
 
+def _features() -> str:
+    return str(llama_lib().llama_print_system_info().decode(errors="replace"))
+
+
 def build_is_batch_invariant() -> bool:
     """Whether the loaded llama.cpp was built with the batch-invariant patch (ggml CPU feature)."""
-    features = llama_lib().llama_print_system_info().decode(errors="replace")
-    return "BATCH_INVARIANT = 1" in features
+    return "BATCH_INVARIANT = 1" in _features()
+
+
+def tiled_min_batch() -> int | None:
+    """The fewest rows ggml's tiled K-quant matmul takes in this process (the patch reports it as a CPU
+    feature, after ``GGML_CPU_TILED_MM_MIN_BATCH``); None where the build does not say."""
+    found = re.search(r"TILED_MIN_BATCH = (\d+)", _features())
+    return int(found.group(1)) if found else None
 
 
 class LlamaCppRuntime(VocabularyMethods, ModelRuntime[HostLogits]):
@@ -115,7 +126,7 @@ class LlamaCppRuntime(VocabularyMethods, ModelRuntime[HostLogits]):
             self._load("batch-invariant")
             if self_check:
                 try:
-                    result = check_batch_invariance(self)
+                    result = check_batch_invariance(self, rows=check_rows(tiled_min_batch()))
                 except BaseException:
                     self._release()
                     raise
@@ -177,6 +188,7 @@ class LlamaCppRuntime(VocabularyMethods, ModelRuntime[HostLogits]):
             exactness=exactness,
             exactness_note=note,
             kv_bytes_per_token=_kv_bytes_per_token(lib, self._model),
+            build=_features(),
         )
         self._batch = lib.llama_batch_init(self._capacity, 0, 1)
         self._tokens = np.ctypeslib.as_array(self._batch.token, shape=(self._capacity,))

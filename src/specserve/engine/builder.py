@@ -394,6 +394,7 @@ def calibration_key(settings: Settings, target: Runtime) -> dict[str, object]:
     return {
         "backend": type(target).__name__,
         "description": target.info.description,
+        "build": target.info.build,
         "threads": target.info.n_threads,
         "exact": settings.exact,
         "exactness": target.info.exactness,

@@ -24,7 +24,9 @@ import numpy as np
 from specserve.backends.base import DecodeChunk, ModelRuntime
 
 CALIBRATION_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+PROBE_SIZES = (1, 8)
 PROBE_TOLERANCE = 2.0
+SHAPE_TOLERANCE = 1.2
 log = logging.getLogger("specserve.cost_model")
 
 
@@ -127,10 +129,27 @@ def calibrate(
     return StepCostTable.from_samples(samples, max_tokens=max_tokens)
 
 
-def probe_one_token(runtime: ModelRuntime[Any], scratch_seq: int) -> float:
-    """Seconds of a one-token decode, measured as ``calibrate`` measures it (fastest of three; the scratch
-    sequence is left empty)."""
-    return calibrate(runtime, scratch_seq, sizes=(1,), repeats=3)(1)
+def probe(runtime: ModelRuntime[Any], scratch_seq: int) -> dict[int, float]:
+    """Seconds of decode calls of ``PROBE_SIZES`` rows, measured as ``calibrate`` measures them (fastest of
+    three; the scratch sequence is left empty)."""
+    table = calibrate(runtime, scratch_seq, sizes=PROBE_SIZES, repeats=3)
+    return {n: table(n) for n in PROBE_SIZES}
+
+
+def probe_disagreement(cached: StepCostTable, probed: dict[int, float]) -> str | None:
+    """Why a cached table does not describe the runtime a probe just timed, or None if it does.
+
+    Two checks: the one-token cost within ``PROBE_TOLERANCE`` (a table measured while other processes held
+    the cores), and the shape, the cost of ``PROBE_SIZES[-1]`` rows in one-token steps, within
+    ``SHAPE_TOLERANCE`` (a table of another build of the same model and settings: the kernels behind verify
+    rows changed, e.g. the tiled kernel's start, and a first request would be priced by the old curve)."""
+    one, rows = PROBE_SIZES[0], PROBE_SIZES[-1]
+    if not 1 / PROBE_TOLERANCE <= probed[one] / cached(one) <= PROBE_TOLERANCE:
+        return f"one token: {cached(one) * 1000:.1f} ms cached, {probed[one] * 1000:.1f} ms now"
+    steps_cached, steps_now = cached(rows) / cached(one), probed[rows] / probed[one]
+    if not 1 / SHAPE_TOLERANCE <= steps_now / steps_cached <= SHAPE_TOLERANCE:
+        return f"{rows} rows: {steps_cached:.2f} one-token steps cached, {steps_now:.2f} now"
+    return None
 
 
 def cached_calibration(
@@ -139,10 +158,10 @@ def cached_calibration(
     """``calibrate`` once per (model file, threads, mode) and reuse it for a day: the CLI starts faster, and
     the online refinement corrects any drift. ``cache_dir=None`` always measures.
 
-    A cached table is reused only if a probe (the fastest of three one-token decodes) agrees with its
-    one-token cost within a factor of ``PROBE_TOLERANCE``: a table measured while other processes held the
-    cores would otherwise mislead the policy for a day, and the online refinement ignores observations
-    more than 3x off its table, so it could not correct one that far off."""
+    A cached table is reused only if a probe of one and eight rows agrees with it (``probe_disagreement``):
+    a table measured while other processes held the cores, or with another build's kernels, would otherwise
+    mislead the policy for a day, on the first requests of every fresh process above all: the online
+    refinement is slow, and it ignores observations more than 3x off its table."""
     if cache_dir is None:
         return calibrate(runtime, scratch_seq)
     path = Path(runtime.info.path)
@@ -178,15 +197,10 @@ def _cached_or_measured(runtime: ModelRuntime[Any], scratch_seq: int, file: Path
         data = json.loads(file.read_text())
         if time.time() - data["created"] < 86400:
             cached = StepCostTable(np.array(data["seconds"], dtype=np.float64))
-            probe = probe_one_token(runtime, scratch_seq)
-            if 1 / PROBE_TOLERANCE <= probe / cached(1) <= PROBE_TOLERANCE:
+            disagreement = probe_disagreement(cached, probe(runtime, scratch_seq))
+            if disagreement is None:
                 return cached
-            log.info(
-                "cached calibration disagrees with a probe (one token: %.1f ms cached, %.1f ms now): "
-                "re-measuring",
-                cached(1) * 1000,
-                probe * 1000,
-            )
+            log.info("cached calibration disagrees with a probe (%s): re-measuring", disagreement)
     except (OSError, ValueError, KeyError, ZeroDivisionError):
         pass
     table = calibrate(runtime, scratch_seq)

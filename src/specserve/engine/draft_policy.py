@@ -8,8 +8,10 @@
                + draft rounds                      (draft-model only: catch-up batch, then k_max - 1 rounds)
 
 It turns speculation on for a sequence only when the best plan beats plain decoding by ``margin``, so
-uncertain estimates fall back to plain decoding. Acceptance is estimated per (drafter, bucket) from all
-requests (a prior for new requests) and per request (recent behaviour, decayed).
+uncertain estimates fall back to plain decoding, and drafts for a request only while it is within its
+speculation budget (:mod:`specserve.engine.speculation_budget`: its drafts have not cost it more than a
+small share of its time). Acceptance is estimated per (drafter, bucket) from all requests (a prior for new
+requests) and per request (recent behaviour, decayed).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 from specserve.backends.base import one_call
 from specserve.drafters.base import Drafter, DraftOption
 from specserve.engine.cost_model import CostModel
+from specserve.engine.speculation_budget import SpeculationBudget, StepTiming
 from specserve.sequence import Sequence
 
 # Prior acceptance per bucket before anything is measured; long n-gram matches are usually copy regions.
@@ -123,6 +126,9 @@ class DraftLengthPolicy:
     def observe(self, seq: Sequence, plan: DraftPlan, num_accepted: int) -> None:
         """Learn from a verify outcome (default: nothing)."""
 
+    def observe_step(self, seq: Sequence, num_drafts: int, num_accepted: int, step: StepTiming) -> None:
+        """Book a decoding step of ``seq`` (plain ones too) and the pass it ran in (default: nothing)."""
+
 
 class FixedLengthPolicy(DraftLengthPolicy):
     """Always draft as much as allowed with the first drafter that has something (textbook speculation)."""
@@ -147,17 +153,28 @@ class FixedLengthPolicy(DraftLengthPolicy):
 class CostAwarePolicy(DraftLengthPolicy):
     """Maximise expected tokens per second from measured costs and running acceptance estimates."""
 
-    def __init__(self, costs: CostModel, margin: float = 0.03, call_rows: CallRows = one_call) -> None:
+    def __init__(
+        self,
+        costs: CostModel,
+        margin: float = 0.03,
+        call_rows: CallRows = one_call,
+        budget: SpeculationBudget | None = None,
+    ) -> None:
         self.costs = costs
         self.margin = margin
         self.call_rows = call_rows
         """How the target runtime packs a step's chunks into backend calls (``ModelRuntime.call_rows``):
         the cost of a step is the sum over its calls, so the policy prices exactly what will run."""
         self.acceptance = AcceptanceTracker()
+        self.budget = SpeculationBudget() if budget is None else budget
+        """Bounds each request's time lost to speculation that did not pay (speculation_budget.py)."""
 
     def observe(self, seq: Sequence, plan: DraftPlan, num_accepted: int) -> None:
         if plan.drafter is not None:
             self.acceptance.observe(seq, plan.drafter.name, plan.bucket, plan.num_tokens, num_accepted)
+
+    def observe_step(self, seq: Sequence, num_drafts: int, num_accepted: int, step: StepTiming) -> None:
+        self.budget.book(seq, num_drafts, num_accepted, step, self.costs.target)
 
     def plan(
         self,
@@ -169,10 +186,12 @@ class CostAwarePolicy(DraftLengthPolicy):
         prefill_seconds = self._call_seconds(prefill_rows)
         best = self._rate(plans, prefill_rows, prefill_seconds)
         # Coordinate ascent: improve one sequence's plan at a time while the batch rate improves.
+        # A request that has lost its speculation budget decodes plainly until its share of time restores it.
+        spending = [self.budget.headroom(seq, self.costs.target(1)) >= 0 for seq in seqs]
         for _ in range(3):
             improved = False
             for s, seq in enumerate(seqs):
-                for drafter, option in options[s].values():
+                for drafter, option in options[s].values() if spending[s] else ():
                     alpha = self.acceptance.alpha(seq, drafter.name, option.bucket)
                     for k in range(1, option.max_tokens + 1):
                         trial = [

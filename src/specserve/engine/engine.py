@@ -24,6 +24,7 @@ from specserve.engine.options import EngineOptions
 from specserve.engine.output_text import OutputText
 from specserve.engine.prefix_cache import PrefixCache
 from specserve.engine.scheduler import Scheduler
+from specserve.engine.speculation_budget import StepTiming
 from specserve.engine.stats import EngineStats
 from specserve.request import ACCEPT_STREAM, SAMPLE_STREAM, PositionalUniforms, SamplingParams
 from specserve.sequence import Sequence, SequenceStatus, SpeculationOptions
@@ -96,6 +97,7 @@ class SpeculativeEngine:
         """Structured outputs' grammars for this target (llguidance loads on the first one)."""
         self._texts: dict[str, OutputText] = {}
         self._step_tokens = 0  # rows of the step's target pass (its cost is observed after verification)
+        self._step_timing = StepTiming(0.0, 0)
         self._step_seconds = 0.0
 
     # -- requests ---------------------------------------------------------------------------------
@@ -228,6 +230,7 @@ class SpeculativeEngine:
         verifier's one transfer is where the host waits), a host runtime is timed around ``decode``."""
         device_seconds = self.target.last_decode_seconds()
         elapsed = self._step_seconds if device_seconds is None else device_seconds
+        self._step_timing = StepTiming(elapsed, self._step_tokens)
         if not prefills:
             self.costs.target.observe(self._step_tokens, elapsed)
         self.stats.verify_seconds += elapsed
@@ -315,6 +318,7 @@ class SpeculativeEngine:
                 self.prefix_cache.prefilled(seq)
             return self._commit(seq, emitted)
         num_drafts, num_accepted = len(emitting.request.draft_ids), len(emitted) - 1
+        self.policy.observe_step(seq, num_drafts, num_accepted, self._step_timing)
         seq.stats.record(num_drafts, num_accepted, plan.drafter.name if plan.drafter else None)
         self.stats.record(num_drafts, num_accepted)
         if plan.drafter is not None:

@@ -84,6 +84,19 @@ def _add_bench(sub: Any) -> None:
         "round; --repeats rounds, at least 3).",
     )
     engine.add_argument(
+        "--stock-lib",
+        default=None,
+        metavar="DIR",
+        help="With --exact-cost: also time a stock llama.cpp build's shared libraries in DIR (e.g. the bin/ "
+        "of scripts/build-stock-llama.sh), so exact mode is priced against unpatched kernels.",
+    )
+    engine.add_argument(
+        "--fresh-process",
+        action="store_true",
+        help="Only compare plain with auto, every (prompt, mode) a fresh `specserve generate` process, as a "
+        "user's first request sees it (--repeats rounds, at least 2).",
+    )
+    engine.add_argument(
         "--vs-llama-bench",
         default=None,
         metavar="PATH",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from specserve.tools.measure.engine_report import render_exact_cost
 from specserve.tools.measure.exact_cost import measure_exact_cost, time_calls
 from support.tiny_models import TinyModels
@@ -20,3 +22,16 @@ def test_each_mode_runs_in_its_own_processes(tiny_models: TinyModels) -> None:
     assert all(row["exact_ms"] > 0 and row["fast_ms"] > 0 for row in data["calls"].values())
     text = render_exact_cost(data, "specserve bench --in-process --exact-cost")
     assert "| 8 |" in text and "2 rounds" in text
+
+
+def test_a_stock_build_is_a_third_arm_in_its_own_processes(tiny_models: TinyModels) -> None:
+    """The stock arm loads the libraries of another build (here: this very build's, found by the path
+    llama-cpp-python loads by default), in its own process."""
+    import llama_cpp
+
+    lib = str(Path(llama_cpp.__file__).parent / "lib")
+    data = measure_exact_cost(str(tiny_models.target), 1, rounds=3, sizes=(1, 4), repeats=1, stock_lib=lib)
+    assert data["stock_lib"] == lib
+    assert all(row["stock_ms"] > 0 for row in data["calls"].values())
+    text = render_exact_cost(data, "specserve bench --in-process --exact-cost --stock-lib DIR")
+    assert "exact / stock" in text and "| 4 |" in text

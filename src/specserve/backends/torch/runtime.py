@@ -137,6 +137,7 @@ class TorchRuntime(ModelRuntime[torch.Tensor]):
             exactness="batch-invariant" if exact else "off",
             kv_bytes_per_token=self.cache.bytes_per_token,
             logits_device=f"torch:{self.device.type}",
+            build=f"torch {torch.__version__} {self.device}",
         )
         self.graphs: GraphRunner | None = None
         self._events: tuple[Any, Any] | None = None  # CUDA events around the last decode

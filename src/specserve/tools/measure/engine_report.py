@@ -125,20 +125,26 @@ def render_markdown(data: dict[str, Any], command: str, structured: bool = False
 
 
 def render_exact_cost(data: dict[str, Any], command: str) -> str:
+    stock = data.get("stock_lib")
     out = [
         "## Exact mode cost",
         "",
         f"Command: `{command}`",
         "",
-        f"Median ms per target decode call, exact mode (`{data['exactness']}`) vs fast "
-        f"mode (`--no-exact`); each mode a fresh process per round, {data['rounds']} rounds, order "
-        "alternating (median over rounds of each round's median):",
+        f"Median ms per target decode call, exact mode (`{data['exactness']}`) vs fast mode (`--no-exact`, "
+        "the same build)"
+        + (f" and vs a stock llama.cpp build (`{stock}`, fast mode)" if stock else "")
+        + f"; each arm a fresh process per round, {data['rounds']} rounds, order rotating (median over "
+        "rounds of each round's median):",
         "",
-        "| tokens in the call | exact ms | fast ms | exact / fast |",
-        "|---|---|---|---|",
+        "| tokens in the call | exact ms | fast ms | exact / fast |"
+        + (" stock ms | exact / stock |" if stock else ""),
+        "|---|---|---|---|" + ("---|---|" if stock else ""),
     ]
     for n, row in data["calls"].items():
-        out.append(
-            f"| {n} | {row['exact_ms']:.1f} | {row['fast_ms']:.1f} | {row['exact_ms'] / row['fast_ms']:.2f} |"
-        )
+        exact = row["exact_ms"]
+        line = f"| {n} | {exact:.1f} | {row['fast_ms']:.1f} | {exact / row['fast_ms']:.2f} |"
+        if stock:
+            line += f" {row['stock_ms']:.1f} | {exact / row['stock_ms']:.2f} |"
+        out.append(line)
     return "\n".join(out) + "\n"

@@ -1,8 +1,12 @@
-"""What exact mode costs: target decode time per call size, exact vs fast mode (``--no-exact``).
+"""What exact mode costs: target decode time per call size, exact vs fast mode (``--no-exact``), and, given a
+stock llama.cpp build (``--stock-lib DIR``: its shared libraries, e.g. scripts/build-stock-llama.sh's), exact
+mode against the unpatched kernels a user's own llama.cpp would run.
 
-Each mode runs in a fresh process per round (:mod:`specserve.tools.measure.fresh_process` says why not both in
-one), the order alternating round by round, and the report gives the median over rounds of each process's
-median.
+Exact and fast mode are the same patched build (fast mode only skips the load-time self-check and its
+fallback), so exact / fast shows what the self-check and its fallback cost; exact / stock shows what the
+patched kernels cost. Each arm runs in a fresh process per round
+(:mod:`specserve.tools.measure.fresh_process` says why not all in one), the order rotating round by round,
+and the report gives the median over rounds of each process's median.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any
 
 from specserve.tools.measure.fresh_process import run_json_module
 
-SIZES = (1, 2, 4, 8, 16, 32)
+SIZES = (1, 2, 4, 6, 8, 12, 16, 24, 32)
 
 
 def time_calls(
@@ -45,13 +49,20 @@ def time_calls(
 
 
 def measure_exact_cost(
-    model_path: str, threads: int, rounds: int = 3, sizes: tuple[int, ...] = SIZES, repeats: int = 5
+    model_path: str,
+    threads: int,
+    rounds: int = 3,
+    sizes: tuple[int, ...] = SIZES,
+    repeats: int = 5,
+    stock_lib: str | None = None,
 ) -> dict[str, Any]:
-    """Median ms per call size, exact and fast, each mode a fresh process per round (order alternating)."""
-    per_mode: dict[str, list[dict[str, float]]] = {"exact": [], "fast": []}
+    """Median ms per call size of each arm (exact, fast, and stock where ``stock_lib`` is given), each arm a
+    fresh process per round, the order rotating."""
+    modes = ["exact", "fast", *(["stock"] if stock_lib else [])]
+    per_mode: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
     exactness = ""
     for r in range(rounds):
-        for mode in ("exact", "fast") if r % 2 == 0 else ("fast", "exact"):
+        for mode in modes[r % len(modes) :] + modes[: r % len(modes)]:
             args = [
                 model_path,
                 str(int(mode == "exact")),
@@ -59,7 +70,8 @@ def measure_exact_cost(
                 ",".join(map(str, sizes)),
                 str(repeats),
             ]
-            result = run_json_module("specserve.tools.measure.exact_cost", args)
+            env = {"LLAMA_CPP_LIB_PATH": stock_lib} if mode == "stock" and stock_lib else None
+            result = run_json_module("specserve.tools.measure.exact_cost", args, env)
             per_mode[mode].append(result["ms"])
             if mode == "exact":
                 exactness = result["exactness"]
@@ -70,7 +82,7 @@ def measure_exact_cost(
         }
         for n in sizes
     }
-    return {"exactness": exactness, "rounds": rounds, "calls": calls}
+    return {"exactness": exactness, "rounds": rounds, "stock_lib": stock_lib, "calls": calls}
 
 
 if __name__ == "__main__":  # one mode of one round (see measure_exact_cost)

@@ -1,0 +1,112 @@
+"""``specserve bench --in-process --fresh-process``: plain vs the default policy, every run a new process.
+
+A server's policy has a history (acceptance per drafter and bucket, a refined cost table); a user's
+``specserve generate`` has none. This measures what that user sees: each (prompt, mode) is one fresh
+``specserve generate --json --chat`` process, greedy, with the modes' order alternating round by round. Speed
+is the decode phase's tokens/s as ``generate`` reports it; a prompt's ratio is the median over rounds of
+auto / plain.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from specserve.config import Settings
+
+MODE_ARGS = {"plain": ["--drafter", "none"], "auto": []}
+"""Flags of each mode; auto is ``generate``'s defaults (cost policy over every loaded drafter)."""
+
+
+def generate_args(settings: Settings) -> list[str]:
+    """The engine flags a fresh process repeats from this run's settings (models, threads, mode, k)."""
+    args = ["--target", settings.target, "--num-draft-tokens", str(settings.num_draft_tokens)]
+    args += ["--draft", settings.draft] if settings.draft else []
+    args += ["--threads", str(settings.threads)] if settings.threads else []
+    args += ["--exact"] if settings.exact else ["--no-exact"]
+    if settings.model_dir:
+        args += ["--model-dir", str(settings.model_dir)]
+    return args
+
+
+def run_generate(prompt: str, max_tokens: int, args: list[str]) -> dict[str, Any]:
+    """One fresh ``specserve generate`` process; its JSON result. Raises with its stderr on failure."""
+    command = [sys.executable, "-m", "specserve.cli", "generate", "--json", "--chat", "--prompt", prompt]
+    command += ["--max-tokens", str(max_tokens), *args]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"specserve generate failed (exit {done.returncode}): {done.stderr[-400:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def measure_fresh_generate(
+    settings: Settings,
+    prompts: list[dict[str, Any]],
+    max_tokens: int,
+    rounds: int = 2,
+    progress: Callable[[str], None] = lambda _m: None,
+) -> dict[str, Any]:
+    """Per prompt: tokens/s of each mode per round, the median auto / plain ratio, MAL and sameness."""
+    base = generate_args(settings)
+    rows: list[dict[str, Any]] = []
+    for i, item in enumerate(prompts):
+        runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODE_ARGS}
+        for r in range(rounds):
+            for mode in list(MODE_ARGS) if (r + i) % 2 == 0 else list(MODE_ARGS)[::-1]:
+                out = run_generate(item["prompt"], max_tokens, [*base, *MODE_ARGS[mode]])
+                runs[mode].append(out)
+                progress(
+                    f"[{i + 1}/{len(prompts)} round {r + 1}] {item['kind']:10} {mode:5} "
+                    f"{out['timings']['tokens_per_second']:6.2f} tok/s"
+                )
+        ratios = [
+            a["timings"]["tokens_per_second"] / p["timings"]["tokens_per_second"]
+            for p, a in zip(runs["plain"], runs["auto"], strict=True)
+            if p["timings"]["tokens_per_second"] > 0
+        ]
+        auto = runs["auto"]
+        rows.append(
+            {
+                "kind": item["kind"],
+                "tokens": len(auto[0]["token_ids"]),
+                "plain_tok_s": [p["timings"]["tokens_per_second"] for p in runs["plain"]],
+                "auto_tok_s": [a["timings"]["tokens_per_second"] for a in auto],
+                "ratio": round(statistics.median(ratios), 3) if ratios else 0.0,
+                "ratios": [round(x, 3) for x in ratios],
+                "mean_acceptance_length": [a["speculative"]["mean_acceptance_length"] for a in auto],
+                "drafts": [a["speculative"]["num_drafts"] for a in auto],
+                "identical": all(
+                    a["token_ids"] == p["token_ids"] for p, a in zip(runs["plain"], auto, strict=True)
+                ),
+                "drafters": auto[0]["engine"]["drafters"],
+            }
+        )
+    return {"max_tokens": max_tokens, "rounds": rounds, "generate_args": base, "prompts": rows}
+
+
+def render_fresh_generate(data: dict[str, Any], command: str) -> str:
+    lines = [
+        "# Fresh processes: plain vs auto",
+        "",
+        f"`{command}` — every (prompt, mode) a new `specserve generate --json --chat` process, greedy, "
+        f"{data['max_tokens']} tokens, {data['rounds']} rounds, mode order alternating.",
+        "",
+        "| prompt | tokens | plain tok/s | auto tok/s | auto / plain (median; per round) | MAL | same |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in data["prompts"]:
+        lines.append(
+            f"| {row['kind']} | {row['tokens']} | {' / '.join(f'{x:.2f}' for x in row['plain_tok_s'])} | "
+            f"{' / '.join(f'{x:.2f}' for x in row['auto_tok_s'])} | **{row['ratio']:.3f}** "
+            f"({' / '.join(f'{x:.3f}' for x in row['ratios'])}) | "
+            f"{' / '.join(f'{x:.2f}' for x in row['mean_acceptance_length'])} | "
+            f"{'yes' if row['identical'] else 'NO'} |"
+        )
+    worst = min((row["ratio"] for row in data["prompts"]), default=0.0)
+    lines += ["", f"Lowest ratio: **{worst:.3f}**."]
+    return "\n".join(lines) + "\n"
