@@ -43,6 +43,8 @@ BUSY=/tmp/cpu-busy
 LOW=(nice -n 19 ionice -c3)
 
 log() { printf '[build-image %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+# shellcheck source=scripts/apt-need.sh
+. scripts/apt-need.sh  # the working directory is the repository root (cd above)
 
 # One EXIT trap for everything to undo, so a failure (set -e) cleans up as well as success does.
 WORK=""
@@ -57,16 +59,7 @@ trap cleanup EXIT
 
 need_tools() {
   # podman: import the base and inspect images (same storage as buildah); ionice is in util-linux.
-  local missing=() pkg
-  for pkg in buildah podman debootstrap; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed' || missing+=("$pkg")
-  done
-  if ((${#missing[@]})); then
-    [[ $(id -u) == 0 ]] || { echo "error: needs root to install ${missing[*]}" >&2; exit 1; }
-    log "installing ${missing[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
-  fi
+  apt_need buildah podman debootstrap
 }
 
 make_base_tar() {

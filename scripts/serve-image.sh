@@ -43,20 +43,13 @@ BUSY=/tmp/cpu-busy
 LOW=(nice -n 19 ionice -c3)
 
 log() { printf '[serve-image %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+# shellcheck source=scripts/apt-need.sh
+. scripts/apt-need.sh  # the working directory is the repository root (cd above)
 
 need_tools() {
   # runc: see above. netavark and aardvark-dns: podman's bridge network (only recommended by Debian's
   # podman; without them it falls back to CNI plugins, which are not installed either).
-  local missing=() pkg
-  for pkg in podman buildah runc iptables netavark aardvark-dns curl; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed' || missing+=("$pkg")
-  done
-  if ((${#missing[@]})); then
-    [[ $(id -u) == 0 ]] || { echo "error: needs root to install ${missing[*]}" >&2; exit 1; }
-    log "installing ${missing[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
-  fi
+  apt_need podman buildah runc iptables netavark aardvark-dns curl
 }
 
 start_podman() {
