@@ -8,10 +8,11 @@
 #    would get alone and exact mode can keep weight repacking and any verify size. The patch must
 #    apply: an unpatched wheel that exact mode would trust is never built.
 #  * -DGGML_LLAMAFILE=OFF: llamafile's sgemm also switches kernels by batch size.
-#  * -DGGML_CPU_TILED_MIN_BATCH=32 (the patch makes it an option): ggml's tiled K-quant kernel takes over
-#    from vec_dot at 8 rows upstream, where it costs 1.2-1.5x vec_dot on this project's CPUs (AVX-512 and
-#    AVX2 builds alike) up to 24 rows and breaks even at 32: the 8-row cost cliff of verify calls
-#    (docs/BENCHMARKS.md). Prompt batches of 48 rows and more keep it.
+#  * -DGGML_CPU_TILED_MIN_BATCH=32 (the patch makes it an option): where ggml's tiled K-quant kernel takes
+#    over from vec_dot when nothing measured it (upstream: 8 rows, where it cost 1.2-1.5x vec_dot on AMD
+#    Zen 4: the 8-row cost cliff of verify calls). The engine measures the best start on the target at
+#    calibration and sets it at run time (src/specserve/backends/llama_cpp_tiled.py): on Zen 5 it is 8-12
+#    rows with AVX-512, 12-16 AVX2-only (docs/BENCHMARKS.md).
 #  * llama.cpp's default GGML_NATIVE=ON (-march=native, as a user's own build of llama.cpp has), plus
 #    -mno-amx-* where the CPU advertises AMX: some VMs advertise it but fault on its instructions (seen
 #    here: SIGSEGV in ggml_backend_amx_mul_mat on the first prompt batch). The cache key includes the

@@ -90,7 +90,9 @@ class Settings:
         "no weight repacking and verify calls of at most 7 rows (docs/EXACTNESS.md).",
     )
     calibration_cache: bool = _model(
-        True, "Reuse a cost calibration measured in the last 24 h for the same model file, threads and mode."
+        True,
+        "Reuse a cost calibration (and the kernel settings tuned with it, such as llama.cpp's tiled kernel "
+        "start) measured in the last 24 h for the same model file, threads and mode.",
     )
     # -- speculation
     drafter: DrafterChoice = _speculation(

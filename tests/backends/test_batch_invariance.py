@@ -22,12 +22,8 @@ import pytest
 from specserve.backends import invariance, llama_cpp
 from specserve.backends.base import DecodeChunk
 from specserve.backends.invariance import InvarianceResult, check_batch_invariance, check_tokens
-from specserve.backends.llama_cpp import (
-    EXACT_MAX_ROWS,
-    LlamaCppRuntime,
-    build_is_batch_invariant,
-    tiled_min_batch,
-)
+from specserve.backends.llama_cpp import EXACT_MAX_ROWS, LlamaCppRuntime, _features, build_is_batch_invariant
+from specserve.backends.llama_cpp_tiled import set_tiled_min_batch, tiled_min_batch
 from support.quantized import tensor_types, tiny_kquant_model
 
 Logits = npt.NDArray[np.float32]
@@ -79,11 +75,26 @@ def test_the_build_reports_its_tiled_threshold_and_takes_the_environment_over_it
     and reports it; the self-check sizes its batch by it."""
     configured = re.search(r"GGML_CPU_TILED_MIN_BATCH=(\d+)", Path("scripts/build-llama-cpp.sh").read_text())
     assert configured is not None
-    assert tiled_min_batch() == int(configured.group(1)) > 8
-    code = "from specserve.backends.llama_cpp import tiled_min_batch; print(tiled_min_batch())"
+    assert f"TILED_MIN_BATCH = {configured.group(1)} " in _features()
+    code = "from specserve.backends.llama_cpp_tiled import tiled_min_batch; print(tiled_min_batch())"
     env = os.environ | {"GGML_CPU_TILED_MM_MIN_BATCH": "8"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert done.stdout.strip() == "8"
+    env.pop("GGML_CPU_TILED_MM_MIN_BATCH")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert done.stdout.strip() == configured.group(1)
+
+
+def test_a_program_moves_the_tiled_threshold_at_run_time() -> None:
+    before = tiled_min_batch()
+    assert before is not None
+    try:
+        set_tiled_min_batch(12)
+        assert tiled_min_batch() == 12
+        set_tiled_min_batch(0)  # back to the build's (or the environment's) value
+        assert f"TILED_MIN_BATCH = {tiled_min_batch()} " in _features()
+    finally:
+        set_tiled_min_batch(before)
 
 
 @pytest.mark.parametrize(("threshold", "rows"), [(None, 16), (8, 16), (32, 37), (64, 69)])
@@ -100,9 +111,19 @@ def test_the_load_time_self_check_ran_a_batch_past_the_tiled_threshold(open_runt
     assert f"{threshold + 5}-row batch equals one-token decoding" in runtime.info.exactness_note
 
 
+@pytest.fixture(params=[None, 8], ids=["build-threshold", "tiled-from-8"])
+def tiled_start(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The build's tiled threshold, and the tiled kernel from 8 rows (vec_dot against tiled at 8-40 rows)."""
+    before = tiled_min_batch()
+    assert before is not None
+    set_tiled_min_batch(request.param or before)
+    yield
+    set_tiled_min_batch(before)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_every_row_of_every_batch_size_equals_one_token_decoding(
-    open_runtime: OpenRuntime, threads: int
+    open_runtime: OpenRuntime, threads: int, tiled_start: None
 ) -> None:
     runtime = open_runtime(n_threads=threads)
     assert runtime.info.exactness == "batch-invariant", runtime.info.exactness_note

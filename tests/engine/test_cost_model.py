@@ -183,7 +183,10 @@ def test_a_cached_table_the_probe_agrees_with_is_reused(
     first = cached_calibration(runtime, 1, tmp_path, {"threads": 1})
     monkeypatch.setattr(cost_model, "calibrate", lambda *a, **k: pytest.fail("measured again"))
     monkeypatch.setattr(cost_model, "probe", lambda *a: {1: first(1) * 1.5, 8: first(8) * 1.6})
-    assert np.array_equal(cached_calibration(runtime, 1, tmp_path, {"threads": 1}).seconds, first.seconds)
+    reused = cached_calibration(runtime, 1, tmp_path, {"threads": 1})
+    # The cached curve at this moment's level: a fresh process prices its plain steps by what it measured.
+    assert reused.seconds == pytest.approx(first.seconds * 1.5)
+    assert reused(8) / reused(1) == pytest.approx(first(8) / first(1))
     # The probe ran on the scratch sequence only: the other sequence can still start at position 0.
     (rows,) = runtime.decode([DecodeChunk(0, [1, 2], 0, 1)])
     assert rows.shape == (1, runtime.info.vocab_size)
@@ -205,6 +208,34 @@ def test_a_cached_table_of_another_cost_curve_is_measured_again(
     monkeypatch.setattr(cost_model, "probe", lambda *a: {1: first(1), 8: first(8) / 1.35})
     cached_calibration(runtime, 1, tmp_path, {"threads": 1})
     assert measured == [True]
+
+
+def test_tuned_kernel_settings_are_cached_with_the_table_and_restored_first(
+    runtime: LlamaCppRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The costs depend on the kernels (where the tiled kernel starts): a later process restores the
+    settings before its probe, and a table cached without them is measured again."""
+    tuned: list[int] = []
+    restored: list[dict[str, int]] = []
+
+    def tune(seq: int) -> dict[str, int]:
+        tuned.append(seq)
+        return {"tiled_min_batch": 12}
+
+    monkeypatch.setattr(runtime, "tune_kernels", tune)
+    monkeypatch.setattr(runtime, "restore_kernels", lambda settings: restored.append(dict(settings)))
+    cached_calibration(runtime, 1, tmp_path, {"threads": 1}, tune_kernels=True)
+    assert (tuned, restored) == ([1], [])
+    cached_calibration(runtime, 1, tmp_path, {"threads": 1}, tune_kernels=True)
+    assert (tuned, restored) == ([1], [{"tiled_min_batch": 12}])
+    cached_calibration(runtime, 1, tmp_path, {"threads": 1})  # the draft model's: never tuned
+    assert (tuned, restored) == ([1], [{"tiled_min_batch": 12}])
+    (file,) = tmp_path.glob("*.json")
+    data = json.loads(file.read_text())
+    del data["kernels"]  # a cache written before kernels were tuned
+    file.write_text(json.dumps(data))
+    cached_calibration(runtime, 1, tmp_path, {"threads": 1}, tune_kernels=True)
+    assert tuned == [1, 1]
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, Literal, Protocol, TypeVar
 
@@ -222,6 +222,15 @@ class ModelRuntime(ABC, Generic[LogitsT]):
 
     def synchronize(self) -> None:
         """Wait until the last ``decode`` has finished on the device (for timing it)."""
+
+    def tune_kernels(self, scratch_seq: int) -> dict[str, int]:
+        """Measure and apply the kernel settings that run the loaded model fastest on this machine (settings
+        of speed, never of values), using ``scratch_seq`` and leaving it empty; returns them, so that a cache
+        can restore them in a later process. Default: nothing to tune."""
+        return {}
+
+    def restore_kernels(self, settings: Mapping[str, int]) -> None:
+        """Apply settings an earlier :meth:`tune_kernels` returned on this machine (unknown keys ignored)."""
 
     def last_decode_seconds(self) -> float | None:
         """How long the last ``decode`` took where it ran, if the runtime measures that itself (a device

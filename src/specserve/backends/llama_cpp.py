@@ -29,8 +29,7 @@ import ctypes
 import dataclasses
 import logging
 import os
-import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +49,13 @@ from specserve.backends.base import (
 )
 from specserve.backends.invariance import check_batch_invariance, check_rows
 from specserve.backends.llama_cpp_lib import llama_lib
+from specserve.backends.llama_cpp_tiled import (
+    TILED_SETTING,
+    measure_tiled_min_batch,
+    set_tiled_min_batch,
+    tiled_min_batch,
+    user_chose,
+)
 from specserve.backends.llama_cpp_vocab import VocabularyMethods
 
 # Capped exact mode: ggml's CPU backend switches K-quant matrix products to a tiled kernel at 8 rows
@@ -75,13 +81,6 @@ def _features() -> str:
 def build_is_batch_invariant() -> bool:
     """Whether the loaded llama.cpp was built with the batch-invariant patch (ggml CPU feature)."""
     return "BATCH_INVARIANT = 1" in _features()
-
-
-def tiled_min_batch() -> int | None:
-    """The fewest rows ggml's tiled K-quant matmul takes in this process (the patch reports it as a CPU
-    feature, after ``GGML_CPU_TILED_MM_MIN_BATCH``); None where the build does not say."""
-    found = re.search(r"TILED_MIN_BATCH = (\d+)", _features())
-    return int(found.group(1)) if found else None
 
 
 class LlamaCppRuntime(VocabularyMethods, ModelRuntime[HostLogits]):
@@ -137,6 +136,28 @@ class LlamaCppRuntime(VocabularyMethods, ModelRuntime[HostLogits]):
                     log.warning("%s; exact mode falls back to capped verify batches", note)
                     self._release()
                     self._load("capped", note)
+
+    def tune_kernels(self, scratch_seq: int) -> dict[str, int]:
+        """Where ggml's tiled K-quant kernel takes over from vec_dot, measured on this model and CPU
+        (llama_cpp_tiled.py): not where the environment chose it, the build cannot move it, the weights are
+        not repacked (capped exact mode: calls of at most 7 rows) or on a GPU."""
+        if user_chose() or tiled_min_batch() is None or self.info.exactness == "capped" or self._gpu_layers:
+            return {}
+        choice = measure_tiled_min_batch(self, scratch_seq)
+        log.info(
+            "tiled K-quant kernel from %d rows (ms per call, tiled / vec_dot: %s)",
+            choice.rows,
+            ", ".join(
+                f"{n}: {choice.tiled_seconds[n] * 1e3:.0f}/{choice.vec_dot_seconds[n] * 1e3:.0f}"
+                for n in choice.tiled_seconds
+            ),
+        )
+        return {TILED_SETTING: choice.rows}
+
+    def restore_kernels(self, settings: Mapping[str, int]) -> None:
+        rows = settings.get(TILED_SETTING)
+        if rows and not user_chose() and tiled_min_batch() is not None:
+            set_tiled_min_batch(int(rows))
 
     def _load(self, exactness: Exactness, note: str = "") -> None:
         """Load the model and create the context for one exactness mode (see the module docstring)."""

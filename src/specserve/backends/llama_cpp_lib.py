@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from pathlib import Path
 from typing import Any
 
 _BACKEND_READY = False
@@ -40,3 +41,27 @@ def llama_lib() -> Any:
         llama_cpp.llama_backend_init()
         _BACKEND_READY = True
     return llama_cpp
+
+
+_GGML_CPU: Any = None
+
+
+def ggml_cpu_lib() -> Any:
+    """The CPU backend library llama.cpp runs on (``libggml-cpu``), for the calls llama-cpp-python's bindings
+    lack (the tiled kernel's start: llama_cpp_tiled.py); None where it cannot be found.
+
+    The very file the process mapped, not any file of that name: a wheel holds ``libggml-cpu.so``, ``.so.0``
+    and ``.so.0.x`` as three copies (zip archives keep no links), and loading another copy would give a
+    second library with state of its own, which llama.cpp never reads."""
+    global _GGML_CPU
+    if _GGML_CPU is None:
+        llama_lib()
+        try:
+            maps = Path("/proc/self/maps").read_text()
+        except OSError:
+            return None
+        loaded = sorted({line.split()[-1] for line in maps.splitlines() if "/libggml-cpu" in line})
+        if not loaded:
+            return None
+        _GGML_CPU = ctypes.CDLL(loaded[0])
+    return _GGML_CPU

@@ -156,10 +156,12 @@ def load_models(settings: Settings, calibrate_costs: bool = True, keep_draft: bo
         calib_dir = store.cache_dir / "calibration" if settings.calibration_cache else None
         key = calibration_key(settings, target)
 
-        def measure(runtime: Runtime) -> StepCostTable:
-            return cached_calibration(runtime, 0, calib_dir, key) if calibrate_costs else flat_costs()
+        def measure(runtime: Runtime, tune_kernels: bool = False) -> StepCostTable:
+            if not calibrate_costs:
+                return flat_costs()
+            return cached_calibration(runtime, 0, calib_dir, key, tune_kernels)
 
-        costs = CostModel(measure(target))
+        costs = CostModel(measure(target, tune_kernels=True))
         block_dir = _block_drafter_dir(settings, store)
         _check_draft_kind(settings, block_dir)
         if block_dir is None and _wants_draft(settings, keep_draft):

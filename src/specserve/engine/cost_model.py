@@ -152,8 +152,24 @@ def probe_disagreement(cached: StepCostTable, probed: dict[int, float]) -> str |
     return None
 
 
+def rescaled(cached: StepCostTable, probed: dict[int, float]) -> StepCostTable:
+    """The cached curve at the level the probe just measured: its one-token cost becomes the probe's.
+
+    The probe accepts a table whose one-token cost is within ``PROBE_TOLERANCE`` of this moment's, so a
+    table measured on a faster or slower day would otherwise price this process's steps by that day. The
+    policy's choices depend only on the curve's shape (every cost scales alike), but the speculation budget
+    books measured passes against the table's price of the plain steps they replaced: a table 20 % too
+    slow hides a fifth of every loss from it, exactly on the first requests of a fresh process."""
+    one = PROBE_SIZES[0]
+    return StepCostTable(cached.seconds * (probed[one] / cached(one)), ema=cached.ema)
+
+
 def cached_calibration(
-    runtime: ModelRuntime[Any], scratch_seq: int, cache_dir: Path | None, key_parts: Mapping[str, object]
+    runtime: ModelRuntime[Any],
+    scratch_seq: int,
+    cache_dir: Path | None,
+    key_parts: Mapping[str, object],
+    tune_kernels: bool = False,
 ) -> StepCostTable:
     """``calibrate`` once per (model file, threads, mode) and reuse it for a day: the CLI starts faster, and
     the online refinement corrects any drift. ``cache_dir=None`` always measures.
@@ -161,8 +177,15 @@ def cached_calibration(
     A cached table is reused only if a probe of one and eight rows agrees with it (``probe_disagreement``):
     a table measured while other processes held the cores, or with another build's kernels, would otherwise
     mislead the policy for a day, on the first requests of every fresh process above all: the online
-    refinement is slow, and it ignores observations more than 3x off its table."""
+    refinement is slow, and it ignores observations more than 3x off its table. A table the probe agrees
+    with is scaled to the probe's one-token cost (``rescaled``): its shape is kept, its level is now's.
+
+    ``tune_kernels`` (the target only: the settings are process-wide) first measures the runtime's kernel
+    settings (``ModelRuntime.tune_kernels``), which the costs depend on; they are cached with the table and
+    restored before the probe."""
     if cache_dir is None:
+        if tune_kernels:
+            runtime.tune_kernels(scratch_seq)
         return calibrate(runtime, scratch_seq)
     path = Path(runtime.info.path)
     stat = path.stat()
@@ -175,7 +198,7 @@ def cached_calibration(
     # Engines starting together on one machine (Ray Serve replicas) take turns: measured side by side,
     # each would see the other's load and both would distort the table; the second then reuses the first's.
     with _exclusive(file.with_suffix(".lock")):
-        return _cached_or_measured(runtime, scratch_seq, file, key)
+        return _cached_or_measured(runtime, scratch_seq, file, key, tune_kernels)
 
 
 @contextmanager
@@ -192,21 +215,28 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
         yield
 
 
-def _cached_or_measured(runtime: ModelRuntime[Any], scratch_seq: int, file: Path, key: str) -> StepCostTable:
+def _cached_or_measured(
+    runtime: ModelRuntime[Any], scratch_seq: int, file: Path, key: str, tune_kernels: bool
+) -> StepCostTable:
     try:
         data = json.loads(file.read_text())
         if time.time() - data["created"] < 86400:
+            if tune_kernels:
+                runtime.restore_kernels(data["kernels"])  # a table cached without them is measured again
             cached = StepCostTable(np.array(data["seconds"], dtype=np.float64))
-            disagreement = probe_disagreement(cached, probe(runtime, scratch_seq))
+            probed = probe(runtime, scratch_seq)
+            disagreement = probe_disagreement(cached, probed)
             if disagreement is None:
-                return cached
+                return rescaled(cached, probed)
             log.info("cached calibration disagrees with a probe (%s): re-measuring", disagreement)
-    except (OSError, ValueError, KeyError, ZeroDivisionError):
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
         pass
+    kernels = runtime.tune_kernels(scratch_seq) if tune_kernels else {}
     table = calibrate(runtime, scratch_seq)
+    record = {"key": key, "created": time.time(), "seconds": table.seconds.tolist(), "kernels": kernels}
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
-        file.write_text(json.dumps({"key": key, "created": time.time(), "seconds": table.seconds.tolist()}))
+        file.write_text(json.dumps(record))
     except OSError:
         pass  # a read-only cache only costs a re-measurement next time
     return table

@@ -147,4 +147,8 @@ def render_exact_cost(data: dict[str, Any], command: str) -> str:
         if stock:
             line += f" {row['stock_ms']:.1f} | {exact / row['stock_ms']:.2f} |"
         out.append(line)
+    starts = {mode: sorted({str(t) for t in runs}) for mode, runs in data.get("tiled_min_batch", {}).items()}
+    if starts:
+        listed = "; ".join(f"{mode}: {', '.join(values)}" for mode, values in starts.items())
+        out += ["", f"Tiled K-quant kernel from (rows, per process; None: the build cannot say): {listed}."]
     return "\n".join(out) + "\n"

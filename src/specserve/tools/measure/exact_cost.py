@@ -25,12 +25,16 @@ SIZES = (1, 2, 4, 6, 8, 12, 16, 24, 32)
 def time_calls(
     model_path: str, exact: bool, threads: int, sizes: tuple[int, ...], repeats: int
 ) -> dict[str, Any]:
-    """In this process: median seconds per decode call of each size after a 70-token context."""
+    """In this process: median seconds per decode call of each size after a 70-token context, with the
+    tiled kernel's start an engine would use (measured, unless the environment sets it or a stock build
+    cannot move it)."""
     from specserve.backends.base import DecodeChunk
     from specserve.backends.llama_cpp import LlamaCppRuntime
+    from specserve.backends.llama_cpp_tiled import tiled_min_batch
 
     runtime = LlamaCppRuntime(model_path, context_per_sequence=1024, n_threads=threads, exact=exact)
     try:
+        runtime.tune_kernels(0)
         context = runtime.tokenize("def example(values):\n    return [v * 2 for v in values]\n" * 4)
         runtime.decode([DecodeChunk(0, context, 0, 1)])
         times: dict[int, list[float]] = {n: [] for n in sizes}
@@ -42,6 +46,7 @@ def time_calls(
                 runtime.truncate(0, len(context))
         return {
             "exactness": runtime.info.exactness,
+            "tiled_min_batch": tiled_min_batch(),
             "ms": {n: statistics.median(t[1:]) * 1000 for n, t in times.items()},
         }
     finally:
@@ -61,6 +66,7 @@ def measure_exact_cost(
     modes = ["exact", "fast", *(["stock"] if stock_lib else [])]
     per_mode: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
     exactness = ""
+    tiled: dict[str, list[int | None]] = {mode: [] for mode in modes}
     for r in range(rounds):
         for mode in modes[r % len(modes) :] + modes[: r % len(modes)]:
             args = [
@@ -73,6 +79,7 @@ def measure_exact_cost(
             env = {"LLAMA_CPP_LIB_PATH": stock_lib} if mode == "stock" and stock_lib else None
             result = run_json_module("specserve.tools.measure.exact_cost", args, env)
             per_mode[mode].append(result["ms"])
+            tiled[mode].append(result.get("tiled_min_batch"))
             if mode == "exact":
                 exactness = result["exactness"]
     calls = {
@@ -82,7 +89,13 @@ def measure_exact_cost(
         }
         for n in sizes
     }
-    return {"exactness": exactness, "rounds": rounds, "stock_lib": stock_lib, "calls": calls}
+    return {
+        "exactness": exactness,
+        "rounds": rounds,
+        "stock_lib": stock_lib,
+        "tiled_min_batch": tiled,
+        "calls": calls,
+    }
 
 
 if __name__ == "__main__":  # one mode of one round (see measure_exact_cost)
