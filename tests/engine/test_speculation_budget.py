@@ -10,7 +10,7 @@ import pytest
 from specserve.drafters.base import DraftOption
 from specserve.drafters.ngram import NgramDrafter
 from specserve.engine.cost_model import CostModel, StepCostTable
-from specserve.engine.draft_policy import CostAwarePolicy, DraftPlan
+from specserve.engine.draft_policy import TRUSTED_DRAFTS, CostAwarePolicy, DraftPlan
 from specserve.engine.speculation_budget import SpeculationBudget, StepTiming, ledger_of
 from specserve.request import PositionalUniforms, SamplingParams
 from specserve.sequence import Sequence
@@ -25,6 +25,12 @@ def verify_bound() -> StepCostTable:
 
 def make_seq(request_id: str = "r") -> Sequence:
     return Sequence(request_id, [1, 2, 3], SamplingParams(), PositionalUniforms(0))
+
+
+def avx2_like() -> StepCostTable:
+    """The AVX2-only build's curve on AMD EPYC Zen 4 (docs/BENCHMARKS.md): 17 verify rows cost 9 steps."""
+    steps = {1: 1.0, 2: 1.76, 4: 2.97, 6: 4.17, 8: 5.22, 12: 7.53, 16: 8.9, 24: 14.3, 32: 15.6}
+    return StepCostTable.from_samples({n: STEP * v for n, v in steps.items()})
 
 
 def cached_gpu_like() -> StepCostTable:
@@ -79,6 +85,30 @@ def test_a_first_request_priced_by_a_wrong_table_stays_near_plain_speed(seed: in
     bounded = CostAwarePolicy(CostModel(cached_gpu_like()))
     assert run_request(unbounded, 0.6, 160, seed, real=verify_bound()) < 0.95
     assert run_request(bounded, 0.6, 160, seed, real=verify_bound()) >= 0.96
+
+
+@pytest.mark.parametrize("acceptance", [0.0, 0.5, 0.9])
+def test_a_fresh_process_never_loses_more_than_its_budget_to_one_long_draft(acceptance: float) -> None:
+    """No acceptance history, a long match (prior 0.9) at every step, and 16 drafts costing 8 steps if
+    rejected: a first draft of 16 that fails loses 5 % of 160 tokens at once (0.965 before drafts had to
+    fit the budget while the estimate is mostly prior). Drafts now grow with the credit earned."""
+    for seed in range(8):
+        assert run_request(CostAwarePolicy(CostModel(avx2_like())), acceptance, 160, seed) >= 0.98
+
+
+def test_drafts_on_a_prior_fit_the_headroom_and_trusted_estimates_draft_long() -> None:
+    policy, seq = CostAwarePolicy(CostModel(avx2_like())), make_seq()
+    offer = {"ngram": (NgramDrafter(), DraftOption(16, "match>16"))}
+    (plan,) = policy.plan([seq], [offer])
+    assert plan.drafter is not None
+    assert policy._rejection_cost(plan.drafter, DraftOption(16, "match>16"), plan.num_tokens) <= STEP
+    # Other requests of this process drafted from long matches and were accepted: the estimate is trusted.
+    for i in range(int(TRUSTED_DRAFTS) + 2):  # (the counts decay slowly)
+        policy.observe(make_seq(f"earlier-{i}"), DraftPlan(NgramDrafter(), 16, "match>16", 0.9), 16)
+    (plan,) = policy.plan([seq], [offer])
+    unbounded = CostAwarePolicy(CostModel(avx2_like()), budget=SpeculationBudget(allowance_steps=math.inf))
+    unbounded.acceptance = policy.acceptance
+    assert plan.num_tokens == unbounded.plan([seq], [offer])[0].num_tokens > 8
 
 
 def test_speculation_that_pays_is_never_stopped() -> None:

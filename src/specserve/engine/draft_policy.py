@@ -36,6 +36,10 @@ PRIOR_ACCEPTANCE: dict[str, float] = {
     "forced": 0.98,  # tokens a grammar allows as the only continuation
 }
 DEFAULT_PRIOR = 0.6
+TRUSTED_DRAFTS = 8.0
+"""Drafts of a (drafter, bucket) seen, in this process and this request together, before their acceptance
+estimate is trusted with drafts whose rejection would cost more than the request's speculation budget has
+left. Below it the estimate is mostly prior (a fresh process): drafts grow with the budget instead."""
 _GLOBAL_PRIOR_WEIGHT = 4.0
 _SEQ_PRIOR_WEIGHT = 3.0
 _GLOBAL_DECAY = 0.995
@@ -59,10 +63,12 @@ class DraftPlan:
 class _Counts:
     accepted: float = 0.0
     rejected: float = 0.0
+    drafts: float = 0.0
 
     def add(self, num_draft: int, num_accepted: int, decay: float) -> None:
         self.accepted = self.accepted * decay + num_accepted
         self.rejected = self.rejected * decay + (1.0 if num_accepted < num_draft else 0.0)
+        self.drafts = self.drafts * decay + 1.0
 
     def posterior(self, prior: float, weight: float) -> float:
         return (self.accepted + prior * weight) / (self.accepted + self.rejected + weight)
@@ -86,6 +92,12 @@ class AcceptanceTracker:
         )
         own = self._seq_counts(seq).get(drafter, _Counts())
         return min(own.posterior(global_alpha, _SEQ_PRIOR_WEIGHT), 0.995)
+
+    def evidence(self, seq: Sequence, drafter: str, bucket: str) -> float:
+        """Drafts behind ``alpha``'s estimate beyond its prior: the (drafter, bucket)'s in this process
+        (decayed) plus this request's own with the drafter."""
+        seen = self.global_counts.get((drafter, bucket), _Counts()).drafts
+        return seen + self._seq_counts(seq).get(drafter, _Counts()).drafts
 
     def observe(self, seq: Sequence, drafter: str, bucket: str, num_draft: int, num_accepted: int) -> None:
         if num_draft <= 0:
@@ -186,14 +198,18 @@ class CostAwarePolicy(DraftLengthPolicy):
         prefill_seconds = self._call_seconds(prefill_rows)
         best = self._rate(plans, prefill_rows, prefill_seconds)
         # Coordinate ascent: improve one sequence's plan at a time while the batch rate improves.
-        # A request that has lost its speculation budget decodes plainly until its share of time restores it.
-        spending = [self.budget.headroom(seq, self.costs.target(1)) >= 0 for seq in seqs]
+        # A request that has lost its speculation budget decodes plainly until its share of time restores it;
+        # on an estimate that is still mostly prior, a draft may risk only what the budget has left.
+        headroom = [self.budget.headroom(seq, self.costs.target(1)) for seq in seqs]
         for _ in range(3):
             improved = False
             for s, seq in enumerate(seqs):
-                for drafter, option in options[s].values() if spending[s] else ():
+                for drafter, option in options[s].values() if headroom[s] >= 0 else ():
                     alpha = self.acceptance.alpha(seq, drafter.name, option.bucket)
+                    trusted = self.acceptance.evidence(seq, drafter.name, option.bucket) >= TRUSTED_DRAFTS
                     for k in range(1, option.max_tokens + 1):
+                        if not trusted and self._rejection_cost(drafter, option, k) > headroom[s]:
+                            break
                         trial = [
                             *plans[:s],
                             DraftPlan(drafter, k, option.bucket, alpha, option.setup_tokens),
@@ -207,6 +223,17 @@ class CostAwarePolicy(DraftLengthPolicy):
             if not improved:
                 break
         return plans
+
+    def _rejection_cost(self, drafter: Drafter, option: DraftOption, k: int) -> float:
+        """What ``k`` drafts cost one sequence if none is accepted: the verify rows they add to its pass,
+        and drafting them (a draft model's rounds, or a drafter's own measured price)."""
+        seconds = self.costs.target(1 + k) - self.costs.target(1)
+        own = drafter.draft_seconds(1, k)
+        if own is not None:
+            return seconds + own
+        if drafter.uses_model and self.costs.draft is not None:
+            seconds += self.costs.draft(option.setup_tokens) + (k - 1) * self.costs.draft(1)
+        return seconds
 
     def _rate(self, plans: list[DraftPlan], prefill_rows: Seq[int], prefill_seconds: float) -> float:
         """Expected tokens per second of the decoding part of one batch step under ``plans``.

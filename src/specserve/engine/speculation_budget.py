@@ -7,9 +7,11 @@ first request has not. The budget makes "never much slower than plain" a rule ra
 request keeps a ledger of what its speculative steps cost beyond the plain steps they replaced and what
 their accepted drafts saved, and the policy may draft for it only while the net loss stays within
 ``share`` of the request's decoding time plus an ``allowance`` of one one-token step (the price of finding
-out); past it, the request decodes plainly until its share of time restores the budget. A request can thus
-lose its budget plus one draft at most. Gains (copying text) build up credit, so speculation that pays is
-never stopped.
+out); past it, the request decodes plainly until its share of time restores the budget. Gains (copying text)
+build up credit, so speculation that pays is never stopped. While the policy's acceptance estimate is still
+mostly prior (a fresh process: ``TRUSTED_DRAFTS`` in draft_policy.py), a draft may not risk more than the
+headroom left (its rejection cost), so drafts grow with the credit earned: the request then loses at most
+its budget. On a trusted estimate one draft may overshoot it (long drafts are what pay on a CPU).
 
 How a step is booked, for a sequence that drafted k tokens and had a accepted in a pass of R rows that took
 W seconds: without its drafts the pass would have taken P = cost(R - k) (the cost table, which the engine
@@ -59,9 +61,10 @@ class SpeculationBudget:
     def headroom(self, seq: Sequence, one_step_seconds: float) -> float:
         """Seconds ``seq`` may still lose; below zero the policy drafts nothing for it.
 
-        Not a cap on the next draft's worst case: on a CPU only long drafts pay (an extra row costs nearly a
-        step at small k), so a request that copies its input must be free to draft 16 tokens long before
-        its credit would cover their rejection. The overshoot is one draft."""
+        A cap on the next draft's worst case only while the acceptance estimate is mostly prior: on a CPU
+        only long drafts pay (an extra row costs nearly a step at small k), so a request that copies its
+        input, on a server that has seen such requests, must be free to draft 16 tokens long before its
+        own credit would cover their rejection. There the overshoot is one draft."""
         ledger = ledger_of(seq)
         return self.share * ledger.seconds + self.allowance_steps * one_step_seconds - ledger.loss
 
