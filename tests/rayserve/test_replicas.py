@@ -151,9 +151,8 @@ def test_chats_sharing_a_system_prompt_spread_over_both_replicas(ray_app: RayApp
             pool.map(lambda m: streamed_chat(client, m, 8)[0], [system_chat(t) for t in TOPICS[6:]])
         )
     served = Counter(rounds)
-    # Measured 7-9 of 20 on the less used replica over eight runs (it was 0 before): the 60/40 is
-    # met most of the time, not always; a quarter is the bound no run came near.
-    assert len(rounds) == 20 and len(served) == 2 and min(served.values()) >= 5, served
+    print(f"\nchats per replica: {sorted(served.values())}")
+    assert len(rounds) == 20 and min(served.values()) >= 8, served  # within 60/40
     assert rounds[:6] == rounds[6:12]  # the same prompt again finds the replica holding all of it
 
 

@@ -18,7 +18,7 @@ from specserve.models import DEFAULT_TARGET, ModelStore
 from specserve.rayserve.asgi_bridge import HTTPCall, Part, run_asgi
 from specserve.rayserve.front import local_model
 from specserve.rayserve.metrics_merge import FrontMetrics, merge_expositions
-from specserve.rayserve.router import Candidate, affinity_choice
+from specserve.rayserve.router import STEER_BLOCKS, Candidate, affinity_choice, least_loaded
 
 A = [routing_key(h) for h in block_hashes(list(range(64)), "")]  # 4 blocks
 B = [routing_key(h) for h in block_hashes(list(range(1000, 1064)), "")]
@@ -46,6 +46,20 @@ def test_a_hot_prefix_spills_over_when_its_replica_is_too_busy() -> None:
     assert affinity_choice(A, [hot, idle], threshold=4) == []
     hot.queue = 4
     assert affinity_choice(A, [hot, idle], threshold=4) == ["hot"]
+
+
+def test_load_decides_by_queue_then_by_requests_sent_so_equal_replicas_alternate() -> None:
+    a, b = Candidate("a", set(), queue=0, routed=3), Candidate("b", set(), queue=0, routed=2)
+    assert least_loaded([a, b]) == "b"
+    b.queue, b.routed = 1, 0
+    assert least_loaded([a, b]) == "a"
+    assert least_loaded([]) is None
+    sent = {"a": 0, "b": 0}  # requests arriving together: each is counted as sent when it is chosen
+    for _ in range(6):
+        choice = least_loaded([Candidate(r, set(), queue=0, routed=n) for r, n in sent.items()])
+        assert choice is not None
+        sent[choice] += 1
+    assert sent == {"a": 3, "b": 3}
 
 
 def test_a_salt_changes_every_hash_so_tenants_never_route_on_each_others_prefixes() -> None:
@@ -163,9 +177,14 @@ def test_a_shared_system_prompt_does_not_steer_once_chats_diverge_after_it() -> 
     assert affinity_choice(hashes, [holder, idle], threshold=4) == ["holder"]  # without history: steers
     followers = {SYSTEM[0]: {other_user}}
     assert affinity_choice(hashes, [holder, idle], threshold=4, followers=followers) == []
-    # It still breaks ties: with nothing running, the holder saves the shared prefill.
+    # Not even a tie: idle replicas take turns (least_loaded), or one replica would get every chat that
+    # arrives after the last one ended (a tie each time).
     resting = Candidate("holder", set(SYSTEM), queue=0)
-    assert affinity_choice(hashes, [resting, idle], threshold=4, followers=followers) == ["holder"]
+    assert affinity_choice(hashes, [resting, idle], threshold=4, followers=followers) == []
+
+
+DOC = [routing_key(h) for h in block_hashes(list(range(5000, 5000 + 16 * (STEER_BLOCKS + 1))), "")]
+"""A long document (STEER_BLOCKS blocks) and a question after it."""
 
 
 def test_a_conversation_follows_its_own_history_and_a_long_document_keeps_its_replica() -> None:
@@ -175,9 +194,15 @@ def test_a_conversation_follows_its_own_history_and_a_long_document_keeps_its_re
     # ... within the imbalance bound: busy, it still gets the next turn.
     busy = Candidate("holder", set(A[:3]), queue=3)
     assert affinity_choice(A, [busy, idle], threshold=4, followers={A[2]: {A[3]}}) == ["holder"]
-    # A long shared document (3 of 4 blocks) others asked other questions about: its holder while idle.
-    assert affinity_choice(A, [holder, idle], threshold=4, followers={A[2]: {B[0]}}) == ["holder"]
-    assert affinity_choice(A, [busy, idle], threshold=4, followers={A[2]: {B[0]}}) == []
+    # A long shared document others asked other questions about: its holder while idle, load when busy.
+    document = DOC[:STEER_BLOCKS]
+    asked = {document[-1]: {B[0]}}
+    reader, resting = Candidate("reader", set(document), queue=0), Candidate("resting", set(), queue=0)
+    assert affinity_choice(DOC, [reader, resting], threshold=4, followers=asked) == ["reader"]
+    reading = Candidate("reader", set(document), queue=1)
+    assert affinity_choice(DOC, [reading, resting], threshold=4, followers=asked) == []
+    # A shorter shared part (a system turn) never steers.
+    assert affinity_choice(A, [holder, idle], threshold=4, followers={A[2]: {B[0]}}) == []
     # The same prompt again: a whole match always steers.
     full = Candidate("full", set(A), queue=0)
     assert affinity_choice(A, [full, idle], threshold=4, followers={A[3]: {B[0]}}) == ["full"]
