@@ -3,8 +3,9 @@ against the llama.cpp runtime on the same file.
 
 Teacher-forced: the same tokens (the prompt and llama.cpp's greedy continuation) go to both and the argmax
 is compared per position; llama.cpp quantizes activations for its dot products, so bits differ and rare
-near-ties flip. Then ``specserve generate`` on each backend, as a user runs it: greedy continuations share
-a long common prefix. Marked ``model``: the target is dequantized to float32 (about 7 GB) in ~30 s.
+near-ties flip. Then ``specserve generate`` on each backend, as a user runs it: greedy continuations agree
+until a near-tie of llama.cpp's own logits. Marked ``model``: the target is dequantized to float32 (about
+7 GB) in ~30 s.
 """
 
 from __future__ import annotations
@@ -85,11 +86,16 @@ def test_teacher_forced_top1_agreement_with_llama_cpp(
     assert agree / total >= AGREEMENT, f"top-1 agreement {agree}/{total}"
 
 
+PROMPT = "Write a Python function that returns the n-th Fibonacci number iteratively."
+NEAR_TIE = 0.25
+"""A top-2 logit margin this small flips with any change of rounding (llama.cpp's Q8_K activations against
+torch's float ones; even a change of where llama.cpp's own kernels apply their scales)."""
+
+
 def generate(*flags: str) -> dict[str, Any]:
     command = [
         sys.executable, "-m", "specserve.cli", "generate", "--chat", "--max-tokens", "32", "--json",
-        "--ignore-eos", "--draft", "none", "--threads", "2",
-        "--prompt", "Write a Python function that returns the n-th Fibonacci number iteratively.", *flags,
+        "--ignore-eos", "--draft", "none", "--threads", "2", "--prompt", PROMPT, *flags,
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=True)
     result: dict[str, Any] = json.loads(done.stdout)
@@ -105,7 +111,27 @@ def test_generate_on_both_backends_shares_a_long_prefix() -> None:
     common = next(
         (i for i, (a, b) in enumerate(zip(reference, ours["token_ids"], strict=True)) if a != b), 32
     )
-    assert common >= 16, (reference, ours["token_ids"])
+    # Both follow the model until a near-tie of llama.cpp's own logits, never past a clear choice.
+    assert common >= 8, (reference, ours["token_ids"])
+    if common < 32:
+        assert reference_margin(reference, common) < NEAR_TIE, (common, reference, ours["token_ids"])
     assert ours["engine"]["drafters"] == ["ngram"]
     # Exact mode (the default) was proved at load on the real target: no "exact mode is off" note.
     assert not any("exact mode is off" in note for note in ours["engine"]["notes"]), ours["engine"]["notes"]
+
+
+def reference_margin(reference: list[int], position: int) -> float:
+    """llama.cpp's top-2 logit margin where it chose ``reference[position]`` (exact mode: a batched call
+    gives the logits greedy decoding saw)."""
+    path = ModelStore().locate(CATALOG[DEFAULT_TARGET])
+    assert path is not None
+    runtime = LlamaCppRuntime(path, context_per_sequence=512, n_threads=2)
+    try:
+        prompt = chat_prompt_ids(runtime, [{"role": "user", "content": PROMPT}])
+        tokens = prompt + reference[:position]
+        (rows,) = runtime.decode([DecodeChunk(0, tokens, 0, 1)])
+        first, second = np.sort(rows[-1])[-2:][::-1]
+        assert int(np.argmax(rows[-1])) == reference[position]
+        return float(first - second)
+    finally:
+        runtime.close()
