@@ -33,33 +33,38 @@ fi
 mkdir -p "$OUT"
 {
   grep -m1 "model name" /proc/cpuinfo
+  # the model name of a VM's CPU can be as bare as "AMD EPYC": family 25 is Zen 3/4, 26 Zen 5
+  grep -m3 -E "^(cpu family|model|stepping)\s" /proc/cpuinfo | tr '\n' ' '; echo
   echo "build: $isa; stock: $stock; specserve libraries: ${LLAMA_CPP_LIB_PATH:-the installed wheel}"
   .venv/bin/python -c "import llama_cpp; print(llama_cpp.llama_print_system_info().decode())"
 } | tee "$OUT/machine.txt"
 
-# 1. Cost per call size (the row-cost curve): exact, fast (--no-exact, same build) and stock llama.cpp; then
-#    with upstream's tiled threshold (8 rows) in force: the 8-row cliff this build removes.
+# 1. Cost per call size (the row-cost curve): exact, fast (--no-exact, same build) and stock llama.cpp, each a
+#    process per round; then the kernels against stock in one process, call by call (precise to a few per
+#    cent), with the tiled kernel's start measured here, and forced to 8 (upstream) and 32 (the build's).
 if [[ "$PARTS" == *" cost "* ]]; then
-  $S bench --in-process --exact-cost --stock-lib "$stock" --repeats 5 --output-dir "$OUT/exact-cost"
-  GGML_CPU_TILED_MM_MIN_BATCH=8 $S bench --in-process --exact-cost --repeats 3 \
-    --output-dir "$OUT/exact-cost-tiled8"
+  $S bench --in-process --exact-cost --stock-lib "$stock" --repeats 3 --output-dir "$OUT/exact-cost"
+  OUT="$OUT" scripts/bench-kernels.sh "$isa" 8 64
 fi
 # 2. The default policy against plain decoding on the built-in engine prompts, two rounds; then the edit and
-#    summary prompts again with the tiled threshold at 8 (before the cliff was removed).
+#    summary prompts again with upstream's tiled start (8 rows) in force.
 if [[ "$PARTS" == *" engine "* ]]; then
   $S bench --in-process --modes plain,auto --repeats 2 --max-tokens 128 --output-dir "$OUT/engine-auto"
   GGML_CPU_TILED_MM_MIN_BATCH=8 $S bench --in-process --modes plain,auto --repeats 2 --max-tokens 128 \
     --kinds edit,summary --output-dir "$OUT/engine-auto-tiled8"
 fi
-# 3. A user's first request: fresh `specserve generate` processes, plain vs auto, two rounds.
+# 3. A user's first request: fresh `specserve generate` processes, plain vs auto, four rounds.
 if [[ "$PARTS" == *" fresh "* ]]; then
-  $S bench --in-process --fresh-process --repeats 2 --max-tokens 160 --output-dir "$OUT/fresh-process"
+  $S bench --in-process --fresh-process --repeats 4 --max-tokens 160 --output-dir "$OUT/fresh-process"
 fi
 [[ "$PARTS" == *" server "* ]] || exit 0
-# 4. Side by side with stock llama-server (plain: its defaults have no draft model) at concurrency 1.
+# 4. Side by side with stock llama-server at concurrency 1, the two servers taking turns request by request;
+#    llama-server with its defaults (no draft model) but two: -c bounds its KV memory, and --poll 0 stops
+#    its idle threads from spinning after each of its requests, which slowed the next request (ours) by up
+#    to 3x in an earlier run. Polling only shortens the wake-up of its threads between two tokens (micro-
+#    seconds against a 40 ms step).
 target=$($S models pull qwen2.5-coder-1.5b-instruct | sed 's/^[^:]*: //')
-# --poll 0: an idle llama-server otherwise keeps its threads spinning and slows whatever runs next.
-"$stock/llama-server" -m "$target" --port "$PEER_PORT" -t "$(nproc)" -c 4096 --poll 0 >/dev/null 2>&1 &
+"$stock/llama-server" -m "$target" --port "$PEER_PORT" -c 4096 --poll 0 >/dev/null 2>&1 &
 peer=$!
 $S serve --port "$PORT" --max-running 1 --log-level warning &
 server=$!
@@ -69,4 +74,4 @@ until curl -sf "http://127.0.0.1:$PORT/ready" >/dev/null; do sleep 2; done
 $S bench --url "http://127.0.0.1:$PORT" --output-dir "$OUT/vs-llama-server" --compare-spec \
   --peer-url "llama-server=http://127.0.0.1:$PEER_PORT" \
   --workload code-writing code-completion code-edit qa summarization creative \
-  --concurrency 1 --requests 2 --max-tokens 96
+  --concurrency 1 --requests 4 --max-tokens 96
