@@ -47,5 +47,5 @@ mkdir -p "$OUT"
   echo
   # OpenMP's idle threads of the builds not running spin for a short while only (not for 300k spins)
   GOMP_SPINCOUNT=10000 "$bin/kernel-ab" "$model" "$(nproc)" "$rounds" "$depth" 1,2,3,4,6,8,12,16,24,32,48 \
-    "$stock" "$ours@$start" "$ours@8" "$ours@32" 2>/dev/null
+    "$stock" "$ours@$start" "$ours@8" "$ours@32" 2>/dev/null | sed -e "s#$stock#stock#g" -e "s#$ours#ours#g"
 } | tee "$OUT/kernels.md"

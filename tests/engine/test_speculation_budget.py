@@ -33,6 +33,13 @@ def avx2_like() -> StepCostTable:
     return StepCostTable.from_samples({n: STEP * v for n, v in steps.items()})
 
 
+def zen5_native() -> StepCostTable:
+    """The native build's curve on AMD EPYC Zen 5 (docs/bench/cpu-native/engine-auto): an extra row costs
+    nearly a step up to 4 rows, so no draft whose rejection fits one step pays."""
+    steps = {1: 1.0, 2: 1.91, 3: 2.55, 4: 3.15, 6: 4.56, 8: 5.18, 12: 7.4, 16: 6.89, 24: 10.6, 32: 11.7}
+    return StepCostTable.from_samples({n: STEP * v for n, v in steps.items()})
+
+
 def cached_gpu_like() -> StepCostTable:
     """A table that underprices verify rows (one from another build or a quieter moment, say)."""
     return StepCostTable.from_samples({1: STEP, 16: STEP * 1.5, 32: STEP * 3})
@@ -94,6 +101,27 @@ def test_a_fresh_process_never_loses_more_than_its_budget_to_one_long_draft(acce
     fit the budget while the estimate is mostly prior). Drafts now grow with the credit earned."""
     for seed in range(8):
         assert run_request(CostAwarePolicy(CostModel(avx2_like())), acceptance, 160, seed) >= 0.98
+
+
+@pytest.mark.parametrize("acceptance", [0.0, 0.5, 0.8])
+def test_a_probe_beyond_the_allowance_still_loses_at_most_the_budget(acceptance: float) -> None:
+    """On the Zen 5 curve the shortest draft that pays risks 1.5 steps: a failed probe stops drafting."""
+    for seed in range(8):
+        assert run_request(CostAwarePolicy(CostModel(zen5_native())), acceptance, 160, seed) >= 0.975
+
+
+def test_a_fresh_process_copying_its_input_gains_where_extra_rows_cost_nearly_a_step() -> None:
+    """Without the probe no draft fitting one step's allowance paid on this curve: a fresh process drafted
+    only once its share of time had grown the headroom (46 steps), and the built-in code-edit prompt ran at
+    1.04x in a fresh `bench --in-process` instead of 1.5x."""
+    policy = CostAwarePolicy(CostModel(zen5_native()))
+    offer = {"ngram": (NgramDrafter(), DraftOption(16, "match>16"))}
+    (plan,) = policy.plan([make_seq()], [offer])
+    assert plan.num_tokens == 2  # the shortest that pays at the prior, beyond the one-step allowance
+    for seed in range(4):
+        assert run_request(CostAwarePolicy(CostModel(zen5_native())), 0.97, 64, seed) > 1.5
+    no_probe = CostAwarePolicy(CostModel(zen5_native()), budget=SpeculationBudget(probe_steps=0.0))
+    assert run_request(no_probe, 0.97, 64, 0) < 1.1
 
 
 def test_drafts_on_a_prior_fit_the_headroom_and_trusted_estimates_draft_long() -> None:

@@ -200,7 +200,8 @@ class CostAwarePolicy(DraftLengthPolicy):
         # Coordinate ascent: improve one sequence's plan at a time while the batch rate improves.
         # A request that has lost its speculation budget decodes plainly until its share of time restores it;
         # on an estimate that is still mostly prior, a draft may risk only what the budget has left.
-        headroom = [self.budget.headroom(seq, self.costs.target(1)) for seq in seqs]
+        one_step = self.costs.target(1)
+        headroom = [self.budget.headroom(seq, one_step) for seq in seqs]
         for _ in range(3):
             improved = False
             for s, seq in enumerate(seqs):
@@ -208,7 +209,9 @@ class CostAwarePolicy(DraftLengthPolicy):
                     alpha = self.acceptance.alpha(seq, drafter.name, option.bucket)
                     trusted = self.acceptance.evidence(seq, drafter.name, option.bucket) >= TRUSTED_DRAFTS
                     for k in range(1, option.max_tokens + 1):
-                        if not trusted and self._rejection_cost(drafter, option, k) > headroom[s]:
+                        # Untrusted: the shortest draft that pays may probe; longer ones fit the headroom.
+                        limit = self.budget.risk_limit(headroom[s], one_step, plans[s].drafter is None)
+                        if not trusted and self._rejection_cost(drafter, option, k) > limit:
                             break
                         trial = [
                             *plans[:s],

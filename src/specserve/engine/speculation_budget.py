@@ -11,7 +11,8 @@ out); past it, the request decodes plainly until its share of time restores the 
 build up credit, so speculation that pays is never stopped. While the policy's acceptance estimate is still
 mostly prior (a fresh process: ``TRUSTED_DRAFTS`` in draft_policy.py), a draft may not risk more than the
 headroom left (its rejection cost), so drafts grow with the credit earned: the request then loses at most
-its budget. On a trusted estimate one draft may overshoot it (long drafts are what pay on a CPU).
+its budget, plus one probe (the shortest draft that pays, where even that does not fit the headroom). On a
+trusted estimate one draft may overshoot it (long drafts are what pay on a CPU).
 
 How a step is booked, for a sequence that drafted k tokens and had a accepted in a pass of R rows that took
 W seconds: without its drafts the pass would have taken P = cost(R - k) (the cost table, which the engine
@@ -57,6 +58,12 @@ class SpeculationBudget:
     draft that may overshoot)."""
     allowance_steps: float = 1.0
     """Loss any request may risk before its own record speaks, in one-token steps."""
+    probe_steps: float = 2.0
+    """What the shortest draft that pays may risk on an estimate still mostly prior, in one-token steps, even
+    beyond the headroom (while the request is within its budget). Where an extra verify row costs nearly a
+    step (AMD Zen 5: 3 rows cost 2.55 steps), no draft short enough to fit one step's allowance pays, and a
+    request could never start to earn credit; with the probe it risks one draft (1.5 steps there), and a
+    failed one leaves it below its budget until its share of time restores it."""
 
     def headroom(self, seq: Sequence, one_step_seconds: float) -> float:
         """Seconds ``seq`` may still lose; below zero the policy drafts nothing for it.
@@ -67,6 +74,13 @@ class SpeculationBudget:
         own credit would cover their rejection. There the overshoot is one draft."""
         ledger = ledger_of(seq)
         return self.share * ledger.seconds + self.allowance_steps * one_step_seconds - ledger.loss
+
+    def risk_limit(self, headroom: float, one_step_seconds: float, probing: bool) -> float:
+        """The most an untrusted draft of a request with ``headroom`` seconds left may cost if rejected;
+        ``probing``: the request has no cheaper draft planned this step (the shortest that pays)."""
+        if probing and headroom >= 0:
+            return max(headroom, self.probe_steps * one_step_seconds)
+        return headroom
 
     def book(
         self, seq: Sequence, num_drafts: int, num_accepted: int, step: StepTiming, costs: StepCostTable
