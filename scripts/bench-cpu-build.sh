@@ -6,7 +6,8 @@
 # Run it on an otherwise idle machine: llama.cpp's threads lose most of their speed when another process
 # holds a core.
 #   scripts/bench-cpu-build.sh native && scripts/bench-cpu-build.sh avx2
-# PARTS="cost engine fresh server" (the default) chooses the measurements.
+# PARTS="cost engine fresh server" (the default) chooses the measurements ("paired": only the second
+# fresh-process one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 isa="${1:?usage: scripts/bench-cpu-build.sh native|avx2}"
@@ -53,9 +54,15 @@ if [[ "$PARTS" == *" engine "* ]]; then
   GGML_CPU_TILED_MM_MIN_BATCH=8 $S bench --in-process --modes plain,auto --repeats 2 --max-tokens 128 \
     --kinds edit,summary --output-dir "$OUT/engine-auto-tiled8"
 fi
-# 3. A user's first request: fresh `specserve generate` processes, plain vs auto, four rounds.
+# 3. A user's first request: fresh `specserve generate` processes, plain vs auto, four rounds; then both
+#    modes in one fresh process per round (auto's first request, then plain), free of the drift between
+#    processes.
 if [[ "$PARTS" == *" fresh "* ]]; then
   $S bench --in-process --fresh-process --repeats 4 --max-tokens 160 --output-dir "$OUT/fresh-process"
+fi
+if [[ "$PARTS" == *" fresh "* || "$PARTS" == *" paired "* ]]; then
+  $S bench --in-process --fresh-process --paired --repeats 4 --max-tokens 160 \
+    --output-dir "$OUT/fresh-process-paired"
 fi
 [[ "$PARTS" == *" server "* ]] || exit 0
 # 4. Side by side with stock llama-server at concurrency 1, the two servers taking turns request by request;

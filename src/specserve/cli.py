@@ -11,12 +11,8 @@ import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from specserve.config import SettingGroup, Settings, add_arguments, load_settings, redacted
+from specserve.config import ENGINE_GROUPS, Settings, add_arguments, load_settings, redacted
 from specserve.errors import UserError
-
-ENGINE_GROUPS: tuple[SettingGroup, ...] = ("models", "speculation")
-"""The settings of a command that builds an engine without serving it (``generate``, ``bench``)."""
-
 
 # Modules that add their own subcommands: each has ``add_subcommands(subparsers)`` and sets a ``handler``
 # default (a function of the parsed arguments returning the exit status) on its parsers.

@@ -15,11 +15,9 @@ import argparse
 import importlib.util
 from typing import Any
 
-from specserve.config import SettingGroup, add_arguments
+from specserve.config import ENGINE_GROUPS, add_arguments
 from specserve.tools.workloads import ToolInputError
 
-ENGINE_GROUPS: tuple[SettingGroup, ...] = ("models", "speculation")
-"""The settings of a tool that loads the models itself (as ``specserve generate`` does)."""
 TOOL_DEPENDENCIES = ("httpx", "scipy", "matplotlib")
 """What the ``tools`` extra installs (pyproject.toml)."""
 
@@ -95,6 +93,12 @@ def _add_bench(sub: Any) -> None:
         action="store_true",
         help="Only compare plain with auto, every (prompt, mode) a fresh `specserve generate` process, as a "
         "user's first request sees it (--repeats rounds, at least 2).",
+    )
+    engine.add_argument(
+        "--paired",
+        action="store_true",
+        help="With --fresh-process: both modes in one fresh process per round, auto's request first "
+        "(the ratio then carries no drift between processes).",
     )
     engine.add_argument(
         "--vs-llama-bench",

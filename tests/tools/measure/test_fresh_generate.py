@@ -30,3 +30,14 @@ def test_the_fresh_processes_repeat_this_runs_engine_flags() -> None:
     for flag, value in (("--target", "t.gguf"), ("--draft", "d.gguf"), ("--threads", "2")):
         assert args[args.index(flag) + 1] == value
     assert "--no-exact" in args and args[args.index("--num-draft-tokens") + 1] == "8"
+
+
+def test_paired_rounds_decode_both_modes_in_one_fresh_process(tiny_models: TinyModels) -> None:
+    settings = Settings(target=str(tiny_models.target), draft="none", threads=1).validate()
+    prompts = [{"kind": "list", "prompt": "one two three one two three one two three"}]
+    data = measure_fresh_generate(settings, prompts, max_tokens=12, rounds=2, paired=True)
+    (row,) = data["prompts"]
+    assert data["paired"] and len(row["ratios"]) == len(row["drafts"]) == 2
+    assert row["identical"] and row["tokens"] > 0  # auto's first request decoded what plain decoded
+    assert all(x > 0 for x in row["plain_tok_s"] + row["auto_tok_s"])
+    assert "first speculative request" in render_fresh_generate(data, "bench --fresh-process --paired")

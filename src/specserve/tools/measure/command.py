@@ -65,7 +65,7 @@ def _fresh_process(args: argparse.Namespace, settings: Settings) -> int:
     # Default prompts: first requests of kinds the engine workloads do not cover (tools/prompts/).
     prompts = _prompts(args) if args.prompts else builtin_rows("first-request")
     data = measure_fresh_generate(
-        settings, prompts, args.max_tokens, rounds=max(args.repeats, 2), progress=progress
+        settings, prompts, args.max_tokens, rounds=max(args.repeats, 2), progress=progress, paired=args.paired
     )
     write_report(args.output_dir, data, render_fresh_generate(data, command_line()), "fresh_process")
     return 0

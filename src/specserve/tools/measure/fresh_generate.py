@@ -44,19 +44,42 @@ def run_generate(prompt: str, max_tokens: int, args: list[str]) -> dict[str, Any
     return result
 
 
+def run_pair(prompt: str, max_tokens: int, args: list[str]) -> dict[str, Any]:
+    """One fresh process decoding ``prompt`` under auto, then plainly (fresh_pair.py); both results."""
+    command = [sys.executable, "-m", "specserve.tools.measure.fresh_pair", "--prompt", prompt]
+    command += ["--max-tokens", str(max_tokens), *args]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the paired process failed (exit {done.returncode}): {done.stderr[-400:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
 def measure_fresh_generate(
     settings: Settings,
     prompts: list[dict[str, Any]],
     max_tokens: int,
     rounds: int = 2,
     progress: Callable[[str], None] = lambda _m: None,
+    paired: bool = False,
 ) -> dict[str, Any]:
-    """Per prompt: tokens/s of each mode per round, the median auto / plain ratio, MAL and sameness."""
+    """Per prompt: tokens/s of each mode per round, the median auto / plain ratio, MAL and sameness.
+    ``paired``: both modes in one fresh process per round (auto first), not a process each."""
     base = generate_args(settings)
     rows: list[dict[str, Any]] = []
     for i, item in enumerate(prompts):
         runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODE_ARGS}
         for r in range(rounds):
+            if paired:
+                pair = run_pair(item["prompt"], max_tokens, base)
+                for mode in MODE_ARGS:
+                    runs[mode].append(pair[mode])
+                progress(
+                    f"[{i + 1}/{len(prompts)} round {r + 1}] {item['kind']:10} "
+                    + " ".join(f"{m} {pair[m]['timings']['tokens_per_second']:6.2f}" for m in MODE_ARGS)
+                    + " tok/s"
+                )
+                continue
             for mode in list(MODE_ARGS) if (r + i) % 2 == 0 else list(MODE_ARGS)[::-1]:
                 out = run_generate(item["prompt"], max_tokens, [*base, *MODE_ARGS[mode]])
                 runs[mode].append(out)
@@ -86,18 +109,30 @@ def measure_fresh_generate(
                 "drafters": auto[0]["engine"]["drafters"],
             }
         )
-    return {"max_tokens": max_tokens, "rounds": rounds, "generate_args": base, "prompts": rows}
+    return {
+        "max_tokens": max_tokens,
+        "rounds": rounds,
+        "paired": paired,
+        "generate_args": base,
+        "prompts": rows,
+    }
 
 
 def render_fresh_generate(data: dict[str, Any], command: str) -> str:
+    how = (
+        "every (prompt, round) a new process that decodes the prompt first under auto (its first "
+        "speculative request, after an 8-token plain warm-up), then plainly"
+        if data.get("paired")
+        else "every (prompt, mode) a new `specserve generate --json --chat` process, mode order alternating"
+    )
     lines = [
         "# Fresh processes: plain vs auto",
         "",
-        f"`{command}` — every (prompt, mode) a new `specserve generate --json --chat` process, greedy, "
-        f"{data['max_tokens']} tokens, {data['rounds']} rounds, mode order alternating.",
+        f"`{command}` — {how}; greedy, {data['max_tokens']} tokens, {data['rounds']} rounds.",
         "",
-        "| prompt | tokens | plain tok/s | auto tok/s | auto / plain (median; per round) | MAL | same |",
-        "|---|---|---|---|---|---|---|",
+        "| prompt | tokens | plain tok/s | auto tok/s | auto / plain (median; per round) | MAL | drafts "
+        "| same |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in data["prompts"]:
         lines.append(
@@ -105,7 +140,7 @@ def render_fresh_generate(data: dict[str, Any], command: str) -> str:
             f"{' / '.join(f'{x:.2f}' for x in row['auto_tok_s'])} | **{row['ratio']:.3f}** "
             f"({' / '.join(f'{x:.3f}' for x in row['ratios'])}) | "
             f"{' / '.join(f'{x:.2f}' for x in row['mean_acceptance_length'])} | "
-            f"{'yes' if row['identical'] else 'NO'} |"
+            f"{' / '.join(str(n) for n in row['drafts'])} | {'yes' if row['identical'] else 'NO'} |"
         )
     worst = min((row["ratio"] for row in data["prompts"]), default=0.0)
     lines += ["", f"Lowest ratio: **{worst:.3f}**."]

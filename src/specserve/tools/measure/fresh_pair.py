@@ -1,0 +1,80 @@
+"""A fresh process's first request under the default policy, then the same prompt plainly, in that process.
+
+``specserve bench --in-process --fresh-process --paired`` runs this once per prompt and round. Two fresh
+processes (fresh_generate.py's unpaired comparison) also differ by this VM's drift between processes (up
+to ±20 %), which hides a policy's loss of a few per cent; here both decodes run seconds apart in one
+process, so their ratio is what the policy did to a first request: no acceptance history, the cost table
+as a fresh process loads it. A short plain warm-up comes first so that the first request is not also the
+process's first pass over the weights; it drafts nothing, so the policy has still seen no draft.
+
+    python -m specserve.tools.measure.fresh_pair --prompt TEXT --max-tokens N [engine flags, as generate's]
+
+prints one JSON object: ``{"auto": result, "plain": result}``, each as ``specserve generate --json`` would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from specserve.config import ENGINE_GROUPS
+from specserve.sequence import SpeculationOptions
+
+WARM_UP_TOKENS = 8
+
+
+def decode(engine: Any, request_id: str, prompt_ids: list[int], params: Any, plain: bool) -> dict[str, Any]:
+    """One request alone in ``engine``; its result in ``specserve generate --json``'s shape."""
+    speculation = SpeculationOptions(drafter="none") if plain else None
+    start = time.perf_counter()
+    seq = engine.add_request(request_id, prompt_ids, params, speculation)
+    while engine.has_work():
+        engine.step()
+    end = time.perf_counter()
+    prefill_end = seq.first_token_time or end
+    generate_s = max(end - prefill_end, 1e-9)
+    return {
+        "token_ids": list(seq.output_ids),
+        "speculative": seq.stats.as_dict(),
+        "timings": {
+            "prompt_ms": round((prefill_end - start) * 1000, 2),
+            "generate_ms": round(generate_s * 1000, 2),
+            "tokens_per_second": round(max(len(seq.output_ids) - 1, 0) / generate_s, 3),
+        },
+    }
+
+
+def main(argv: Sequence[str]) -> int:
+    from specserve.chat import chat_prompt_ids
+    from specserve.config import add_arguments, load_settings
+    from specserve.engine.builder import build_engine
+    from specserve.request import SamplingParams
+
+    parser = argparse.ArgumentParser(prog="python -m specserve.tools.measure.fresh_pair")
+    parser.add_argument("--prompt", required=True, help="A user message (the chat template is applied).")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    add_arguments(parser, ENGINE_GROUPS)
+    args = parser.parse_args(argv)
+    settings = dataclasses.replace(load_settings(args), max_running=1)  # as generate: one sequence
+    engine, report = build_engine(settings)
+    try:
+        hello = chat_prompt_ids(engine.target, [{"role": "user", "content": "Say hello."}])
+        decode(engine, "warm-up", hello, SamplingParams(max_tokens=WARM_UP_TOKENS), plain=True)
+        prompt_ids = chat_prompt_ids(engine.target, [{"role": "user", "content": args.prompt}])
+        params = SamplingParams(max_tokens=args.max_tokens)  # greedy
+        auto = decode(engine, "auto", prompt_ids, params, plain=False)
+        plain = decode(engine, "plain", prompt_ids, params, plain=True)
+    finally:
+        engine.close()
+    auto["engine"] = {"drafters": report.drafters}
+    print(json.dumps({"auto": auto, "plain": plain}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
