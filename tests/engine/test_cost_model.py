@@ -79,8 +79,21 @@ def test_observe_is_an_exponential_moving_average() -> None:
     for _ in range(300):
         table.observe(1, 2.0)
     assert table(1) == pytest.approx(2.0, rel=1e-3)
-    assert table(2) == pytest.approx(2.0)  # other sizes are untouched
+    assert table(2) == pytest.approx(4.0, rel=1e-3)  # one-token steps move the whole curve's level
     assert table.observations == 301
+    table.observe(8, 20.0)  # a verify size moves its own point only
+    assert table(8) == pytest.approx(0.95 * 16.0 + 0.05 * 20.0, rel=1e-3)
+    assert table(1) == pytest.approx(2.0, rel=1e-3)
+
+
+def test_the_curve_keeps_its_shape_when_decoding_deepens_the_one_token_step() -> None:
+    """Calibrated at an empty context (fastest of three), then decoding at depth: one-token steps cost 20 %
+    more. Before, only the one-token point followed, and 2 rows looked like 1.34 steps instead of 1.6."""
+    table = StepCostTable.from_samples({1: 0.0315, 2: 0.0504, 3: 0.0652, 8: 0.1745})
+    for _ in range(200):
+        table.observe(1, 0.0379)
+    assert table(2) / table(1) == pytest.approx(1.6, rel=1e-3)
+    assert table(8) / table(1) == pytest.approx(0.1745 / 0.0315, rel=1e-3)
 
 
 @pytest.mark.parametrize("seconds", [3.5, 10.0, 0.3, 0.01])

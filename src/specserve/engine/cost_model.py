@@ -61,13 +61,23 @@ class StepCostTable:
         return float(per_token * n_tokens)
 
     def observe(self, n_tokens: int, seconds: float) -> None:
-        """Fold one measured decode into the table (outliers beyond 3x are ignored: a preempted thread)."""
+        """Fold one measured decode into the table (outliers beyond 3x are ignored: a preempted thread).
+
+        A one-token step moves the level of the whole curve, not its own point only: plain steps are
+        observed all the time and verify sizes rarely, and what moves a one-token step (the KV depth, the
+        machine's speed) moves every size alike. A table calibrated at an empty context whose one-token
+        cost alone followed decoding to its depth priced an extra verify row at 0.34 of a step where it
+        cost 0.84 (AVX2, Zen 5), and a fresh process drafted at acceptance that could not pay."""
         if not 0 < n_tokens < self.seconds.size:
             return
         current = self.seconds[n_tokens]
         if current > 0 and not (current / 3 < seconds < current * 3):
             return
-        self.seconds[n_tokens] = (1 - self.ema) * current + self.ema * seconds
+        updated = (1 - self.ema) * current + self.ema * seconds
+        if n_tokens == 1 and current > 0:
+            self.seconds *= updated / current
+        else:
+            self.seconds[n_tokens] = updated
         self.observations += 1
 
 

@@ -97,8 +97,8 @@ def _add_bench(sub: Any) -> None:
     engine.add_argument(
         "--paired",
         action="store_true",
-        help="With --fresh-process: both modes in one fresh process per round, auto's request first "
-        "(the ratio then carries no drift between processes).",
+        help="With --fresh-process: both modes in one fresh process per round, order alternating (the "
+        "ratio then carries no drift between processes).",
     )
     engine.add_argument(
         "--vs-llama-bench",

@@ -44,10 +44,10 @@ def run_generate(prompt: str, max_tokens: int, args: list[str]) -> dict[str, Any
     return result
 
 
-def run_pair(prompt: str, max_tokens: int, args: list[str]) -> dict[str, Any]:
-    """One fresh process decoding ``prompt`` under auto, then plainly (fresh_pair.py); both results."""
+def run_pair(prompt: str, max_tokens: int, args: list[str], plain_first: bool) -> dict[str, Any]:
+    """One fresh process decoding ``prompt`` under auto and plainly (fresh_pair.py); both results."""
     command = [sys.executable, "-m", "specserve.tools.measure.fresh_pair", "--prompt", prompt]
-    command += ["--max-tokens", str(max_tokens), *args]
+    command += ["--max-tokens", str(max_tokens), *(["--plain-first"] if plain_first else []), *args]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"the paired process failed (exit {done.returncode}): {done.stderr[-400:]}")
@@ -64,14 +64,14 @@ def measure_fresh_generate(
     paired: bool = False,
 ) -> dict[str, Any]:
     """Per prompt: tokens/s of each mode per round, the median auto / plain ratio, MAL and sameness.
-    ``paired``: both modes in one fresh process per round (auto first), not a process each."""
+    ``paired``: both modes in one fresh process per round (order alternating), not a process each."""
     base = generate_args(settings)
     rows: list[dict[str, Any]] = []
     for i, item in enumerate(prompts):
         runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODE_ARGS}
         for r in range(rounds):
             if paired:
-                pair = run_pair(item["prompt"], max_tokens, base)
+                pair = run_pair(item["prompt"], max_tokens, base, plain_first=(r + i) % 2 == 1)
                 for mode in MODE_ARGS:
                     runs[mode].append(pair[mode])
                 progress(
@@ -120,8 +120,8 @@ def measure_fresh_generate(
 
 def render_fresh_generate(data: dict[str, Any], command: str) -> str:
     how = (
-        "every (prompt, round) a new process that decodes the prompt first under auto (its first "
-        "speculative request, after an 8-token plain warm-up), then plainly"
+        "every (prompt, round) a new process that decodes the prompt under auto (its first speculative "
+        "request) and plainly, after an 8-token plain warm-up, order alternating"
         if data.get("paired")
         else "every (prompt, mode) a new `specserve generate --json --chat` process, mode order alternating"
     )

@@ -1,13 +1,16 @@
-"""A fresh process's first request under the default policy, then the same prompt plainly, in that process.
+"""A fresh process's first speculative request under the default policy, and the same prompt plainly, in
+that process.
 
 ``specserve bench --in-process --fresh-process --paired`` runs this once per prompt and round. Two fresh
 processes (fresh_generate.py's unpaired comparison) also differ by this VM's drift between processes (up
 to ±20 %), which hides a policy's loss of a few per cent; here both decodes run seconds apart in one
 process, so their ratio is what the policy did to a first request: no acceptance history, the cost table
-as a fresh process loads it. A short plain warm-up comes first so that the first request is not also the
-process's first pass over the weights; it drafts nothing, so the policy has still seen no draft.
+as a fresh process loads it. A short plain warm-up comes first so that neither decode is the process's
+first pass over the weights; the order of the two alternates by round (``--plain-first``), since the
+second decode of a process ran a few per cent faster than the first in an auto-first run. Plain decoding
+drafts nothing, so auto's request is the first the policy sees drafts for either way.
 
-    python -m specserve.tools.measure.fresh_pair --prompt TEXT --max-tokens N [engine flags, as generate's]
+    python -m specserve.tools.measure.fresh_pair --prompt TEXT --max-tokens N [--plain-first] [engine flags]
 
 prints one JSON object: ``{"auto": result, "plain": result}``, each as ``specserve generate --json`` would.
 """
@@ -58,6 +61,7 @@ def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m specserve.tools.measure.fresh_pair")
     parser.add_argument("--prompt", required=True, help="A user message (the chat template is applied).")
     parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--plain-first", action="store_true", help="Decode plainly first, then under auto.")
     add_arguments(parser, ENGINE_GROUPS)
     args = parser.parse_args(argv)
     settings = dataclasses.replace(load_settings(args), max_running=1)  # as generate: one sequence
@@ -67,8 +71,11 @@ def main(argv: Sequence[str]) -> int:
         decode(engine, "warm-up", hello, SamplingParams(max_tokens=WARM_UP_TOKENS), plain=True)
         prompt_ids = chat_prompt_ids(engine.target, [{"role": "user", "content": args.prompt}])
         params = SamplingParams(max_tokens=args.max_tokens)  # greedy
+        if args.plain_first:
+            plain = decode(engine, "plain", prompt_ids, params, plain=True)
         auto = decode(engine, "auto", prompt_ids, params, plain=False)
-        plain = decode(engine, "plain", prompt_ids, params, plain=True)
+        if not args.plain_first:
+            plain = decode(engine, "plain", prompt_ids, params, plain=True)
     finally:
         engine.close()
     auto["engine"] = {"drafters": report.drafters}
