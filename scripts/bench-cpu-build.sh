@@ -55,7 +55,7 @@ if [[ "$PARTS" == *" engine "* ]]; then
     --kinds edit,summary --output-dir "$OUT/engine-auto-tiled8"
 fi
 # 3. A user's first request: fresh `specserve generate` processes, plain vs auto, four rounds; then both
-#    modes in one fresh process per round (auto's first request, then plain), free of the drift between
+#    modes in one fresh process per round (order alternating), free of the drift between
 #    processes.
 if [[ "$PARTS" == *" fresh "* ]]; then
   $S bench --in-process --fresh-process --repeats 4 --max-tokens 160 --output-dir "$OUT/fresh-process"
