@@ -32,9 +32,9 @@ GPU is visible (or the target is a checkpoint directory), llama.cpp otherwise.""
 
 
 SettingGroup = Literal["models", "speculation", "batching", "server", "scale-out", "operations"]
+"""What a setting is about; a command takes the flags of the groups it uses (``add_arguments``)."""
 ENGINE_GROUPS: tuple[SettingGroup, ...] = ("models", "speculation")
 """The settings of a command that builds an engine without serving it (``generate``, ``bench``)."""
-"""What a setting is about; a command takes the flags of the groups it uses (``add_arguments``)."""
 
 
 def _setting(group: SettingGroup) -> Callable[..., Any]:
