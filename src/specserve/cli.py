@@ -187,20 +187,15 @@ def _generate(args: argparse.Namespace) -> int:
         end = time.perf_counter()
     finally:
         engine.close()
-    prefill_end = seq.first_token_time or end
-    generate_s = max(end - prefill_end, 1e-9)
-    tokens_per_second = round(max(len(seq.output_ids) - 1, 0) / generate_s, 3)
+    timings = seq.timings(start, end)
+    tokens_per_second = timings["tokens_per_second"]
     result = {
         "text": seq.text,
         "token_ids": seq.output_ids,
         "finish_reason": seq.finish_reason,
         "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(seq.output_ids)},
         "speculative": seq.stats.as_dict(),
-        "timings": {
-            "prompt_ms": round((prefill_end - start) * 1000, 2),
-            "generate_ms": round(generate_s * 1000, 2),
-            "tokens_per_second": tokens_per_second,
-        },
+        "timings": timings,
         "engine": {"drafters": report.drafters, "notes": report.notes, "costs_ms": engine.costs.as_dict()},
     }
     if args.json:

@@ -151,3 +151,15 @@ class Sequence:
         self.status = SequenceStatus.FINISHED
         self.finish_reason = reason
         self.finish_time = time.perf_counter()
+
+    def timings(self, start: float, end: float) -> dict[str, float]:
+        """What ``specserve generate --json`` reports of a request added at ``start`` and done at ``end``
+        (``time.perf_counter``): prompt ms (to the first token), decode ms and decode tokens/s (the first
+        token excluded)."""
+        prefill_end = self.first_token_time or end
+        generate_s = max(end - prefill_end, 1e-9)
+        return {
+            "prompt_ms": round((prefill_end - start) * 1000, 2),
+            "generate_ms": round(generate_s * 1000, 2),
+            "tokens_per_second": round(max(len(self.output_ids) - 1, 0) / generate_s, 3),
+        }

@@ -38,17 +38,10 @@ def decode(engine: Any, request_id: str, prompt_ids: list[int], params: Any, pla
     seq = engine.add_request(request_id, prompt_ids, params, speculation)
     while engine.has_work():
         engine.step()
-    end = time.perf_counter()
-    prefill_end = seq.first_token_time or end
-    generate_s = max(end - prefill_end, 1e-9)
     return {
         "token_ids": list(seq.output_ids),
         "speculative": seq.stats.as_dict(),
-        "timings": {
-            "prompt_ms": round((prefill_end - start) * 1000, 2),
-            "generate_ms": round(generate_s * 1000, 2),
-            "tokens_per_second": round(max(len(seq.output_ids) - 1, 0) / generate_s, 3),
-        },
+        "timings": seq.timings(start, time.perf_counter()),
     }
 
 
