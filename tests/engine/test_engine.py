@@ -280,3 +280,18 @@ def test_one_verifier_call_per_step_covers_every_emitting_sequence(tiny_models: 
             assert calls[-1][1] == len({o.request_id for o in outputs}) >= 1
         assert all(s.finish_reason == "length" for s in seqs)
         assert calls[0][0] == 3 and max(rows for rows, _ in calls) > 3  # first tokens, then drafts
+
+
+def test_last_pass_reports_the_steps_rows(tiny_models: TinyModels) -> None:
+    with make_engine(tiny_models, k=4) as engine:
+        ids = engine.target.tokenize(PROMPT)
+        seq = engine.add_request("r", ids, GREEDY, SpeculationOptions(drafter="ngram"))
+        rows = []
+        while engine.has_work():
+            drafts, decoding = seq.stats.num_draft_tokens, bool(seq.output_ids)
+            engine.step()
+            assert engine.last_pass.seconds > 0
+            if decoding:
+                rows.append((engine.last_pass.rows, seq.stats.num_draft_tokens - drafts))
+    # A decoding step's pass holds the pending token and the drafts verified in it.
+    assert any(d > 0 for _, d in rows) and all(r == 1 + d for r, d in rows)

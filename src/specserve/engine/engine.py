@@ -164,6 +164,12 @@ class SpeculativeEngine:
         """The switch is on and at least one configured drafter is still loaded."""
         return self.options.speculation_enabled and any(n in self.drafters for n in self.options.drafters)
 
+    @property
+    def last_pass(self) -> StepTiming:
+        """The last step's target pass: its seconds (the runtime's own timing, or the host's around
+        ``decode``) and its rows, every sequence's."""
+        return self._step_timing
+
     def kv_usage(self) -> float:
         """Tokens the running sequences hold, as a share of the KV cache, in [0, 1]."""
         capacity = self.target.info.context_per_sequence * self.scheduler.max_running

@@ -8,6 +8,7 @@ from specserve.tools.measure.fresh_generate import (
     measure_fresh_generate,
     render_fresh_generate,
 )
+from specserve.tools.measure.fresh_pair import DecodeStep, within_request
 from support.tiny_models import TinyModels
 
 
@@ -40,4 +41,19 @@ def test_paired_rounds_decode_both_modes_in_one_fresh_process(tiny_models: TinyM
     assert data["paired"] and len(row["ratios"]) == len(row["drafts"]) == 2
     assert row["identical"] and row["tokens"] > 0  # auto's first request decoded what plain decoded
     assert all(x > 0 for x in row["plain_tok_s"] + row["auto_tok_s"])
-    assert "first speculative request" in render_fresh_generate(data, "bench --fresh-process --paired")
+    assert len(row["within_request"]) == 2 and all(0.0 < x < 10.0 for x in row["within_request"])
+    text = render_fresh_generate(data, "bench --fresh-process --paired")
+    assert "first speculative request" in text and "Within request" in text
+
+
+def test_within_request_prices_drafting_steps_at_the_requests_plain_step() -> None:
+    plain = [DecodeStep(0.030, 0, 1)] * 5
+    gained = [*plain, DecodeStep(0.060, 1, 4)]  # 4 tokens for 2 steps: 2 steps (60 ms) gained
+    result = within_request(gained, [], decode_ms=210.0)
+    assert result["drafting_steps"] == 1 and result["plain_step_ms"] == 30.0
+    assert result["net_ms"] == -60.0 and result["ratio"] == round(0.27 / 0.21, 4)
+    lost = [*plain, DecodeStep(0.075, 1, 1)]  # a rejected draft: 1 token for 2.5 steps
+    assert within_request(lost, [], decode_ms=225.0)["ratio"] == round(0.18 / 0.225, 4)
+    # Drafting at every step: the plain decode of the same prompt gives the plain step.
+    copying = [DecodeStep(0.050, 1, 5)] * 2
+    assert within_request(copying, plain, decode_ms=100.0)["net_ms"] == -200.0

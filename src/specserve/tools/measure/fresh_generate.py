@@ -107,6 +107,7 @@ def measure_fresh_generate(
                     a["token_ids"] == p["token_ids"] for p, a in zip(runs["plain"], auto, strict=True)
                 ),
                 "drafters": auto[0]["engine"]["drafters"],
+                "within_request": [a["within_request"]["ratio"] for a in auto if "within_request" in a],
             }
         )
     return {
@@ -125,14 +126,15 @@ def render_fresh_generate(data: dict[str, Any], command: str) -> str:
         if data.get("paired")
         else "every (prompt, mode) a new `specserve generate --json --chat` process, mode order alternating"
     )
+    within = all(row.get("within_request") for row in data["prompts"])
     lines = [
         "# Fresh processes: plain vs auto",
         "",
         f"`{command}` — {how}; greedy, {data['max_tokens']} tokens, {data['rounds']} rounds.",
         "",
         "| prompt | tokens | plain tok/s | auto tok/s | auto / plain (median; per round) | MAL | drafts "
-        "| same |",
-        "|---|---|---|---|---|---|---|---|",
+        "| same |" + (" within request (min; per round) |" if within else ""),
+        "|---|---|---|---|---|---|---|---|" + ("---|" if within else ""),
     ]
     for row in data["prompts"]:
         lines.append(
@@ -141,7 +143,22 @@ def render_fresh_generate(data: dict[str, Any], command: str) -> str:
             f"({' / '.join(f'{x:.3f}' for x in row['ratios'])}) | "
             f"{' / '.join(f'{x:.2f}' for x in row['mean_acceptance_length'])} | "
             f"{' / '.join(str(n) for n in row['drafts'])} | {'yes' if row['identical'] else 'NO'} |"
+            + (
+                f" **{min(row['within_request']):.3f}** "
+                f"({' / '.join(f'{x:.3f}' for x in row['within_request'])}) |"
+                if within
+                else ""
+            )
         )
     worst = min((row["ratio"] for row in data["prompts"]), default=0.0)
     lines += ["", f"Lowest ratio: **{worst:.3f}**."]
+    if within:
+        lowest = min(min(row["within_request"]) for row in data["prompts"])
+        lines += [
+            "",
+            "Within request: auto's decode time without what its drafting steps cost beyond the plain steps "
+            "their tokens replaced (each priced at the median plain step of the same request), over its "
+            f"decode time — the policy's own gain or loss, without the drift between two decodes. Lowest "
+            f"round: **{lowest:.3f}**.",
+        ]
     return "\n".join(lines) + "\n"
