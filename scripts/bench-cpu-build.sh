@@ -7,7 +7,8 @@
 # holds a core.
 #   scripts/bench-cpu-build.sh native && scripts/bench-cpu-build.sh avx2
 # PARTS="cost engine fresh server" (the default) chooses the measurements ("paired": only the second
-# fresh-process one).
+# fresh-process one). ROUNDS (default 4): rounds of the fresh-process runs; REQUESTS (default 8):
+# requests per cell beside llama-server (the built-in workloads have 4 prompts each: 8 runs each twice).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 isa="${1:?usage: scripts/bench-cpu-build.sh native|avx2}"
@@ -16,6 +17,8 @@ OUT=${OUT:-docs/bench/cpu-$isa}
 PORT=${PORT:-8123}
 PEER_PORT=${PEER_PORT:-8124}
 PARTS=" ${PARTS:-cost engine fresh server} "
+ROUNDS=${ROUNDS:-4}
+REQUESTS=${REQUESTS:-8}
 stock=$(SPECSERVE_LLAMA_ISA=$isa PYTHON=.venv/bin/python scripts/build-stock-llama.sh)
 if [[ "$isa" == "avx2" ]]; then
   # The Python side of both wheels is the same; only the shared libraries differ, so the AVX2 wheel's are
@@ -54,14 +57,14 @@ if [[ "$PARTS" == *" engine "* ]]; then
   GGML_CPU_TILED_MM_MIN_BATCH=8 $S bench --in-process --modes plain,auto --repeats 2 --max-tokens 128 \
     --kinds edit,summary --output-dir "$OUT/engine-auto-tiled8"
 fi
-# 3. A user's first request: fresh `specserve generate` processes, plain vs auto, four rounds; then both
+# 3. A user's first request: fresh `specserve generate` processes, plain vs auto, ROUNDS rounds; then both
 #    modes in one fresh process per round (order alternating), free of the drift between
 #    processes.
 if [[ "$PARTS" == *" fresh "* ]]; then
-  $S bench --in-process --fresh-process --repeats 4 --max-tokens 160 --output-dir "$OUT/fresh-process"
+  $S bench --in-process --fresh-process --repeats "$ROUNDS" --max-tokens 160 --output-dir "$OUT/fresh-process"
 fi
 if [[ "$PARTS" == *" fresh "* || "$PARTS" == *" paired "* ]]; then
-  $S bench --in-process --fresh-process --paired --repeats 4 --max-tokens 160 \
+  $S bench --in-process --fresh-process --paired --repeats "$ROUNDS" --max-tokens 160 \
     --output-dir "$OUT/fresh-process-paired"
 fi
 [[ "$PARTS" == *" server "* ]] || exit 0
@@ -81,4 +84,4 @@ until curl -sf "http://127.0.0.1:$PORT/ready" >/dev/null; do sleep 2; done
 $S bench --url "http://127.0.0.1:$PORT" --output-dir "$OUT/vs-llama-server" --compare-spec \
   --peer-url "llama-server=http://127.0.0.1:$PEER_PORT" \
   --workload code-writing code-completion code-edit qa summarization creative \
-  --concurrency 1 --requests 4 --max-tokens 96
+  --concurrency 1 --requests "$REQUESTS" --max-tokens 96

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specserve.backends.base import Vocabulary
 from specserve.errors import UserError
+
+if TYPE_CHECKING:
+    import jinja2
 
 # Used when a model ships no template: ChatML, the format of the Qwen family.
 CHATML = (
@@ -39,7 +43,6 @@ def render_chat(
 ) -> str:
     """The prompt text for ``messages`` (and the ``tools`` offered), then the assistant turn opener."""
     import jinja2
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     if not messages:
         raise ChatTemplateError("messages must not be empty")
@@ -48,15 +51,8 @@ def render_chat(
             raise ChatTemplateError(f"messages[{i}].role must be one of {', '.join(ROLES)}")
         if not isinstance(m.get("content"), str):
             raise ChatTemplateError(f"messages[{i}].content must be a string")
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-
-    def raise_exception(message: str) -> None:
-        raise ChatTemplateError(message)
-
-    env.globals["raise_exception"] = raise_exception
-    env.filters["tojson"] = tojson
     try:
-        template = env.from_string(runtime.chat_template() or CHATML)
+        template = compiled_template(runtime.chat_template() or CHATML)
         return template.render(
             messages=[dict(m) for m in messages],
             tools=[dict(t) for t in tools] if tools else None,
@@ -66,6 +62,22 @@ def render_chat(
         )
     except jinja2.TemplateError as exc:
         raise ChatTemplateError(f"chat template failed: {exc}") from exc
+
+
+def _raise_exception(message: str) -> None:
+    raise ChatTemplateError(message)
+
+
+@functools.lru_cache(maxsize=8)
+def compiled_template(source: str) -> jinja2.Template:
+    """A chat template compiled once per source: compiling Qwen2.5's took 3 ms of the event loop per request,
+    time the other requests' streams waited for. A compiled template renders from many threads at once."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise_exception
+    env.filters["tojson"] = tojson
+    return env.from_string(source)
 
 
 # Private-use code points stand in for message contents while the template renders (see chat_prompt_ids);

@@ -15,6 +15,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -100,6 +101,9 @@ def test_one_chat(base_url: str) -> None:
     )
     (choice,) = reply.choices
     assert choice.message.content is not None and choice.message.content.strip()
+    # the image's llama.cpp is the patched one: exact mode passed its load-time self-check in the image
+    ready = httpx.get(base_url.removesuffix("/v1") + "/ready", timeout=30).json()
+    assert ready["exactness"]["mode"] == "batch-invariant", ready["exactness"]
     assert choice.finish_reason in ("stop", "length")
     assert reply.usage is not None and reply.usage.completion_tokens > 0
     if os.environ.get("SERVE_IMAGE_ROUTE", "podman") == "podman":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -130,13 +131,60 @@ def test_drafts_on_a_prior_fit_the_headroom_and_trusted_estimates_draft_long() -
     (plan,) = policy.plan([seq], [offer])
     assert plan.drafter is not None
     assert policy._rejection_cost(plan.drafter, DraftOption(16, "match>16"), plan.num_tokens) <= STEP
-    # Other requests of this process drafted from long matches and were accepted: the estimate is trusted.
-    for i in range(int(TRUSTED_DRAFTS) + 2):  # (the counts decay slowly)
-        policy.observe(make_seq(f"earlier-{i}"), DraftPlan(NgramDrafter(), 16, "match>16", 0.9), 16)
+    # Other requests of this process drafted from long matches and were accepted: the estimate is trusted,
+    # once this request's own draft has been accepted in full.
+    warm_up(policy)
+    for _ in range(2):  # not proven yet: probes, until two of this request's own are accepted in full
+        assert policy.plan([seq], [offer])[0].num_tokens == plan.num_tokens
+        policy.observe(seq, plan, plan.num_tokens)
     (plan,) = policy.plan([seq], [offer])
     unbounded = CostAwarePolicy(CostModel(avx2_like()), budget=SpeculationBudget(allowance_steps=math.inf))
     unbounded.acceptance = policy.acceptance
     assert plan.num_tokens == unbounded.plan([seq], [offer])[0].num_tokens > 8
+
+
+def warm_up(policy: CostAwarePolicy, bucket: str = "match>16") -> None:
+    """Earlier requests of this process drafted 16 tokens from ``bucket``'s matches, all accepted."""
+    for i in range(int(TRUSTED_DRAFTS) + 2):  # (the counts decay slowly)
+        policy.observe(make_seq(f"earlier-{i}"), DraftPlan(NgramDrafter(), 16, bucket, 0.9), 16)
+
+
+def warm_run(curve: Callable[[], StepCostTable], acceptance: float, seed: int, proof: bool = True) -> float:
+    """``run_request`` of 96 tokens on a warm server (``warm_up``); ``proof=False``: the rule before
+    requests had to prove themselves (a trusted estimate drafted long from a request's first draft)."""
+    policy = CostAwarePolicy(CostModel(curve()))
+    warm_up(policy)
+    if not proof:
+        policy.acceptance.proven = lambda seq, drafter: True  # type: ignore[method-assign]
+    return run_request(policy, acceptance, 96, seed)
+
+
+def test_a_warm_server_probes_before_a_request_of_its_own_has_proved_a_copy() -> None:
+    """A server that has copied code trusts long matches at 0.99; a Q&A answer that matches a phrase of its
+    question does not copy. One 14-token first draft cost 6.5 steps for 2 tokens on Zen 5 (0.95 of a
+    96-token answer) before a request had to prove itself with two accepted probes."""
+    for curve in (zen5_native, avx2_like):
+        assert all(warm_run(curve, 0.0, seed) >= 0.99 for seed in range(4))
+        assert all(warm_run(curve, 0.0, seed, proof=False) < 0.95 for seed in range(4))
+        for acceptance in (0.3, 0.6, 0.8):  # mean over seeds: the proof loses less on average, too
+            with_proof = np.mean([warm_run(curve, acceptance, seed) for seed in range(12)])
+            without = np.mean([warm_run(curve, acceptance, seed, proof=False) for seed in range(12)])
+            assert with_proof > without + 0.01 and with_proof >= 0.97
+
+
+def test_a_warm_server_still_copies_at_full_length_after_one_probe() -> None:
+    policy = CostAwarePolicy(CostModel(zen5_native()))
+    warm_up(policy)
+    seq, offer = make_seq(), {"ngram": (NgramDrafter(), DraftOption(16, "match>16"))}
+    for _ in range(2):
+        (probe,) = policy.plan([seq], [offer])
+        assert 0 < probe.num_tokens <= 3
+        policy.observe(seq, probe, probe.num_tokens)
+    assert policy.plan([seq], [offer])[0].num_tokens >= 12
+    for seed in range(4):
+        fresh = CostAwarePolicy(CostModel(zen5_native()))
+        warm_up(fresh)
+        assert run_request(fresh, 0.97, 64, seed) > 1.7
 
 
 def test_speculation_that_pays_is_never_stopped() -> None:

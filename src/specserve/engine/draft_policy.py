@@ -39,7 +39,14 @@ DEFAULT_PRIOR = 0.6
 TRUSTED_DRAFTS = 8.0
 """Drafts of a (drafter, bucket) seen, in this process and this request together, before their acceptance
 estimate is trusted with drafts whose rejection would cost more than the request's speculation budget has
-left. Below it the estimate is mostly prior (a fresh process): drafts grow with the budget instead."""
+left. Below it the estimate is mostly prior (a fresh process): drafts grow with the budget instead. A
+trusted estimate still waits for the request's own proof (:meth:`AcceptanceTracker.proven`)."""
+PROVEN_DRAFTS = 1.3
+"""The request's own drafts accepted in full, decayed like its record (``_SEQ_DECAY`` per later draft),
+before a trusted estimate may draft past its headroom: two such drafts count 1.8 and stay proven through
+one later rejection (1.44), not two (1.15)."""
+SURE_BUCKETS = frozenset({"forced"})
+"""Buckets whose drafts need no proof from the request: a grammar's only continuation."""
 _GLOBAL_PRIOR_WEIGHT = 4.0
 _SEQ_PRIOR_WEIGHT = 3.0
 _GLOBAL_DECAY = 0.995
@@ -98,6 +105,19 @@ class AcceptanceTracker:
         (decayed) plus this request's own with the drafter."""
         seen = self.global_counts.get((drafter, bucket), _Counts()).drafts
         return seen + self._seq_counts(seq).get(drafter, _Counts()).drafts
+
+    def proven(self, seq: Sequence, drafter: str) -> bool:
+        """The request's own recent drafts with ``drafter`` were accepted in full (``PROVEN_DRAFTS``).
+
+        Why a trusted estimate waits for it: a bucket's global record mixes workloads. On a server that has
+        been copying code, a 9-16 token match estimates 0.99 acceptance; a Q&A answer that repeats a phrase
+        of its question matches as long and accepts one token. Its first draft of 14 cost 6.5 steps for 2
+        tokens (AMD EPYC Zen 5), 5 % of a 96-token answer, where a probe costs under 2 steps; a copying
+        request drafts long after two accepted probes. Two rather than one: a short probe is accepted by
+        chance often enough that one proof let the next, long, draft fail (tests/engine/
+        test_speculation_budget.py simulates both)."""
+        own = self._seq_counts(seq).get(drafter, _Counts())
+        return own.drafts - own.rejected >= PROVEN_DRAFTS
 
     def observe(self, seq: Sequence, drafter: str, bucket: str, num_draft: int, num_accepted: int) -> None:
         if num_draft <= 0:
@@ -199,7 +219,8 @@ class CostAwarePolicy(DraftLengthPolicy):
         best = self._rate(plans, prefill_rows, prefill_seconds)
         # Coordinate ascent: improve one sequence's plan at a time while the batch rate improves.
         # A request that has lost its speculation budget decodes plainly until its share of time restores it;
-        # on an estimate that is still mostly prior, a draft may risk only what the budget has left.
+        # on an estimate that is still mostly prior, or before the request's own drafts have been accepted,
+        # a draft may risk only what the budget has left (or probe).
         one_step = self.costs.target(1)
         headroom = [self.budget.headroom(seq, one_step) for seq in seqs]
         for _ in range(3):
@@ -207,7 +228,11 @@ class CostAwarePolicy(DraftLengthPolicy):
             for s, seq in enumerate(seqs):
                 for drafter, option in options[s].values() if headroom[s] >= 0 else ():
                     alpha = self.acceptance.alpha(seq, drafter.name, option.bucket)
-                    trusted = self.acceptance.evidence(seq, drafter.name, option.bucket) >= TRUSTED_DRAFTS
+                    trusted = self.acceptance.evidence(
+                        seq, drafter.name, option.bucket
+                    ) >= TRUSTED_DRAFTS and (
+                        option.bucket in SURE_BUCKETS or self.acceptance.proven(seq, drafter.name)
+                    )
                     for k in range(1, option.max_tokens + 1):
                         # Untrusted: the shortest draft that pays may probe; longer ones fit the headroom.
                         limit = self.budget.risk_limit(headroom[s], one_step, plans[s].drafter is None)
