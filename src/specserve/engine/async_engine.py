@@ -141,7 +141,10 @@ class AsyncEngine:
                 if remaining is not None and remaining <= 0:
                     raise RequestTimeoutError(f"request exceeded its {timeout:g} s timeout")
                 try:
-                    item = await asyncio.wait_for(outputs.get(), remaining)
+                    # asyncio.timeout, not wait_for: wait_for runs the get in a task of its own, a few event
+                    # loop turns per streamed token that the decoding threads lose a core to.
+                    async with asyncio.timeout(remaining):
+                        item = await outputs.get()
                 except TimeoutError:
                     continue
                 if isinstance(item, BaseException):

@@ -124,7 +124,8 @@ async def stream_events(
                 yield sse(opening)
         while not all(done):
             try:
-                index, item = await asyncio.wait_for(queue.get(), keepalive)
+                async with asyncio.timeout(keepalive):  # no task per token (AsyncEngine.generate says why)
+                    index, item = await queue.get()
             except TimeoutError:
                 yield KEEPALIVE
                 continue
@@ -179,7 +180,8 @@ class EventStreamResponse(StreamingResponse):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def bounded_send(message: Message) -> None:
             try:
-                await asyncio.wait_for(send(message), self._stall_timeout)
+                async with asyncio.timeout(self._stall_timeout):
+                    await send(message)
             except TimeoutError:
                 log.warning(
                     "a streaming client read nothing for %g s; its request is cancelled", self._stall_timeout
