@@ -292,3 +292,17 @@ def test_engines_starting_together_take_turns_calibrating(runtime: LlamaCppRunti
         fcntl.flock(held, fcntl.LOCK_UN)
     assert done.wait(60)
     waiter.join()
+
+
+def test_calibration_sizes_take_turns(runtime: LlamaCppRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each round times every size once: a few slow seconds slow one call of each size, not all of one."""
+    calls: list[int] = []
+    decode = runtime.decode
+
+    def recording(chunks: list[DecodeChunk]) -> object:
+        calls.extend(len(c.tokens) for c in chunks)
+        return decode(chunks)
+
+    monkeypatch.setattr(runtime, "decode", recording)
+    calibrate(runtime, scratch_seq=1, sizes=(1, 2, 4), repeats=3, context_tokens=8)
+    assert calls == [8, 1, *[1, 2, 4] * 3]  # the context, one untimed call, then three rounds
