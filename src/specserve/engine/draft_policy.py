@@ -228,11 +228,9 @@ class CostAwarePolicy(DraftLengthPolicy):
             for s, seq in enumerate(seqs):
                 for drafter, option in options[s].values() if headroom[s] >= 0 else ():
                     alpha = self.acceptance.alpha(seq, drafter.name, option.bucket)
-                    trusted = self.acceptance.evidence(
-                        seq, drafter.name, option.bucket
-                    ) >= TRUSTED_DRAFTS and (
-                        option.bucket in SURE_BUCKETS or self.acceptance.proven(seq, drafter.name)
-                    )
+                    seen = self.acceptance.evidence(seq, drafter.name, option.bucket)
+                    proven = option.bucket in SURE_BUCKETS or self.acceptance.proven(seq, drafter.name)
+                    trusted = seen >= TRUSTED_DRAFTS and proven
                     for k in range(1, option.max_tokens + 1):
                         # Untrusted: the shortest draft that pays may probe; longer ones fit the headroom.
                         limit = self.budget.risk_limit(headroom[s], one_step, plans[s].drafter is None)

@@ -12,7 +12,7 @@ build up credit, so speculation that pays is never stopped. While the policy's a
 mostly prior (a fresh process: ``TRUSTED_DRAFTS`` in draft_policy.py), a draft may not risk more than the
 headroom left (its rejection cost), so drafts grow with the credit earned: the request then loses at most
 its budget, plus one probe (the shortest draft that pays, where even that does not fit the headroom). On a
-trusted estimate, once the request has had a draft of its own accepted in full, one draft may overshoot it
+trusted estimate, once two of the request's own drafts have been accepted in full, one draft may overshoot it
 (long drafts are what pay on a CPU); before that, a warm server probes too, since a bucket's record from
 other requests does not say whether this one is copying.
 

@@ -9,14 +9,12 @@ auto / plain.
 
 from __future__ import annotations
 
-import json
 import statistics
-import subprocess
-import sys
 from collections.abc import Callable
 from typing import Any
 
 from specserve.config import Settings
+from specserve.tools.measure.fresh_process import run_json_module
 
 MODE_ARGS = {"plain": ["--drafter", "none"], "auto": []}
 """Flags of each mode; auto is ``generate``'s defaults (cost policy over every loaded drafter)."""
@@ -35,24 +33,15 @@ def generate_args(settings: Settings) -> list[str]:
 
 def run_generate(prompt: str, max_tokens: int, args: list[str]) -> dict[str, Any]:
     """One fresh ``specserve generate`` process; its JSON result. Raises with its stderr on failure."""
-    command = [sys.executable, "-m", "specserve.cli", "generate", "--json", "--chat", "--prompt", prompt]
-    command += ["--max-tokens", str(max_tokens), *args]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"specserve generate failed (exit {done.returncode}): {done.stderr[-400:]}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    command = ["generate", "--json", "--chat", "--prompt", prompt, "--max-tokens", str(max_tokens), *args]
+    return run_json_module("specserve.cli", command)
 
 
 def run_pair(prompt: str, max_tokens: int, args: list[str], plain_first: bool) -> dict[str, Any]:
     """One fresh process decoding ``prompt`` under auto and plainly (fresh_pair.py); both results."""
-    command = [sys.executable, "-m", "specserve.tools.measure.fresh_pair", "--prompt", prompt]
-    command += ["--max-tokens", str(max_tokens), *(["--plain-first"] if plain_first else []), *args]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"the paired process failed (exit {done.returncode}): {done.stderr[-400:]}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    order = ["--plain-first"] if plain_first else []
+    command = ["--prompt", prompt, "--max-tokens", str(max_tokens), *order, *args]
+    return run_json_module("specserve.tools.measure.fresh_pair", command)
 
 
 def measure_fresh_generate(
