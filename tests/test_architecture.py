@@ -22,7 +22,8 @@ PACKAGE = Path(specserve.__file__).parent
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),  # the base class of user mistakes
     ("config", "request", "logging", "models"),  # settings, sampling, model files
-    ("sequence", "backends", "config_docs"),  # a request's state; the runtimes; the settings' docs
+    # a request's state; the runtimes; the settings' docs and where settings come from
+    ("sequence", "backends", "config_docs", "config_sources"),
     ("verify", "chat", "structured"),  # pure verifiers over arrays; prompts through a chat template; grammars
     ("drafters",),  # ways of guessing tokens
     ("engine",),  # the step, the scheduler, the draft policy, the prefix cache, the builder

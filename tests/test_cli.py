@@ -20,7 +20,8 @@ import pytest
 from cli_runner import run_cli as run_main
 from specserve.backends.llama_cpp import LlamaCppRuntime
 from specserve.chat import render_chat
-from specserve.config import Settings, redacted
+from specserve.config import Settings
+from specserve.config_sources import redacted
 from support.tiny_models import TinyModels
 
 REPEATING_PROMPT = "the the the the the the"

@@ -10,15 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from specserve.config import (
-    SettingGroup,
-    Settings,
-    SettingsError,
-    add_arguments,
-    env_name,
-    load_settings,
-    redacted,
-)
+from specserve.config import SettingGroup, Settings, SettingsError, env_name
+from specserve.config_sources import add_arguments, load_settings, redacted
 
 
 def parse(*flags: str) -> argparse.Namespace:
@@ -194,7 +187,7 @@ def test_redacted_hides_secrets() -> None:
 
 
 def test_secrets_never_travel_and_come_back_from_the_environment() -> None:
-    from specserve.config import with_secrets_from_env, without_secrets
+    from specserve.config_sources import with_secrets_from_env, without_secrets
 
     settings = Settings(api_keys="k1,k2", admin_key="adm", threads=3)
     shipped = without_secrets(settings)

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from specserve.cli import main
-from specserve.config import SettingsError, load_settings, redacted
+from specserve.config import SettingsError
 from specserve.config_docs import BEGIN, END, settings_table
+from specserve.config_sources import load_settings, redacted
 from specserve.logging import configure_logging, request_id_var
 
 ROOT = Path(__file__).resolve().parents[1]

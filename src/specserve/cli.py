@@ -11,7 +11,8 @@ import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from specserve.config import ENGINE_GROUPS, Settings, add_arguments, load_settings, redacted
+from specserve.config import ENGINE_GROUPS, Settings
+from specserve.config_sources import add_arguments, load_settings, redacted
 from specserve.errors import UserError
 
 # Modules that add their own subcommands: each has ``add_subcommands(subparsers)`` and sets a ``handler``

@@ -1,27 +1,23 @@
 """Typed settings: one definition from which CLI flags, YAML config keys and ``SPECSERVE_*`` variables come.
 
-Precedence: command-line flags > environment variables > config file > defaults. Every field documents
-itself (``help``); validation happens once, in ``Settings.validate``, with messages that name the setting.
-Secrets (``secret=True``: API and admin keys) come from the environment only: they have no flag, a config
-file may not hold them, and ``redacted`` hides them.
+Every field documents itself (``help``); validation happens once, in ``Settings.validate``, with messages
+that name the setting. Secrets (``secret=True``: API and admin keys) come from the environment only. How
+flags, variables and files are read and merged is ``config_sources``.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
-import os
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from specserve.errors import UserError
 
-DrafterName = Literal["ngram", "draft-model", "dflash2"]
+DrafterName = Literal["ngram", "suffix", "draft-model", "dflash2"]
 """The drafters specserve can build (``drafters.registry`` has one factory per name)."""
 DrafterChoice = Literal["auto", "none", DrafterName]
 """A drafter setting: one drafter, ``auto`` (the cost policy chooses among the loaded ones) or ``none``."""
@@ -99,14 +95,30 @@ class Settings:
     # -- speculation
     drafter: DrafterChoice = _speculation(
         "auto",
-        "Drafter: auto (cost-aware choice among loaded drafters), none, ngram, draft-model, dflash2 (a "
-        "DFlash2 block drafter given as --draft DIR; torch backend).",
+        "Drafter: auto (cost-aware choice among loaded drafters), none, ngram, suffix (the request's context "
+        "and its tenant's recent outputs), draft-model, dflash2 (a DFlash2 block drafter given as --draft "
+        "DIR; torch backend).",
     )
     num_draft_tokens: int = _speculation(16, "Maximum draft tokens per step.")
     draft_policy: PolicyChoice = _speculation(
         "cost", "Draft length policy: cost (measured cost model, may draft 0) or fixed (always the maximum)."
     )
     ngram_min_n: int = _speculation(2, "Shortest suffix the n-gram drafter looks up.")
+    suffix_depth: int = _speculation(
+        32, "Longest context suffix the suffix drafter matches (its tree depth), in tokens."
+    )
+    suffix_factor: float = _speculation(
+        1.0, "The suffix drafter drafts at most this many tokens per token of matched suffix."
+    )
+    suffix_min_prob: float = _speculation(
+        0.1, "The suffix drafter stops where its estimate that the whole draft is accepted falls below this."
+    )
+    suffix_cache_requests: int = _speculation(
+        256, "Finished outputs the suffix drafter remembers (over all tenants; 0 = only the request's own)."
+    )
+    suffix_cache_tokens: int = _speculation(
+        131072, "Tokens of finished outputs the suffix drafter remembers (oldest evicted first)."
+    )
     draft_p_min: float = _speculation(
         0.6, "The draft model stops drafting when its top probability is lower."
     )
@@ -208,6 +220,8 @@ class Settings:
             "candidate_topk",
         ):
             positive(name)
+        if self.suffix_depth < 2:
+            raise SettingsError(f"suffix_depth must be >= 2, got {self.suffix_depth}")
         if self.draft_block_size is not None and not 2 <= self.draft_block_size <= 65:
             raise SettingsError(f"draft_block_size must be in [2, 65], got {self.draft_block_size}")
         if not 0 < self.port < 65536:
@@ -218,6 +232,8 @@ class Settings:
             "rate_limit_per_minute",
             "prefix_cache_ram",
             "replicas",
+            "suffix_cache_requests",
+            "suffix_cache_tokens",
         ):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -226,8 +242,11 @@ class Settings:
                 raise SettingsError(f"{name} must be > 0, got {getattr(self, name)}")
         if not 0 <= self.num_draft_tokens <= 64:
             raise SettingsError(f"num_draft_tokens must be in [0, 64], got {self.num_draft_tokens}")
-        if not 0.0 <= self.draft_p_min <= 1.0:
-            raise SettingsError(f"draft_p_min must be in [0, 1], got {self.draft_p_min}")
+        for name in ("draft_p_min", "suffix_min_prob"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise SettingsError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if not self.suffix_factor > 0:
+            raise SettingsError(f"suffix_factor must be > 0, got {self.suffix_factor}")
         for name, tp in _hints().items():
             choices = typing.get_args(tp) if typing.get_origin(tp) is Literal else ()
             if choices and getattr(self, name) not in choices:
@@ -246,11 +265,6 @@ def _hints() -> dict[str, Any]:
     return typing.get_type_hints(Settings)
 
 
-@functools.cache
-def _secrets() -> frozenset[str]:
-    return frozenset(f.name for f in dataclasses.fields(Settings) if f.metadata["secret"])
-
-
 def _base_type(tp: Any) -> Any:
     """``X`` for ``X | None``, else the type itself."""
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
@@ -264,134 +278,3 @@ def _flag(f: dataclasses.Field[Any]) -> str:
 
 def env_name(name: str) -> str:
     return "SPECSERVE_" + name.upper()
-
-
-def add_arguments(
-    parser: argparse.ArgumentParser,
-    groups: tuple[SettingGroup, ...] | None = None,
-    exclude: tuple[str, ...] = (),
-) -> None:
-    """Add one flag per setting of ``groups`` (default: every group) but ``exclude``; all defaults None, so
-    unset flags don't override lower sources."""
-    hints = _hints()
-    for f in dataclasses.fields(Settings):
-        if (groups is not None and f.metadata["group"] not in groups) or f.name in exclude:
-            continue
-        if f.metadata["secret"]:
-            continue  # secrets have no flag: command lines are visible to every user of the machine
-        tp = hints[f.name]
-        kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": f.metadata["help"]}
-        base = _base_type(tp)
-        if base is bool:
-            kwargs["action"] = argparse.BooleanOptionalAction
-        elif typing.get_origin(base) is Literal:
-            kwargs["choices"] = typing.get_args(base)
-        else:
-            kwargs["type"] = base
-        aliases = ["--" + a.replace("_", "-") for a in f.metadata.get("aliases", ())]
-        parser.add_argument(_flag(f), *aliases, **kwargs)
-
-
-def _convert(name: str, raw: Any, tp: Any) -> Any:
-    target = _base_type(tp)
-    if raw is None or (
-        isinstance(raw, str) and raw.lower() in ("", "null") and type(None) in typing.get_args(tp)
-    ):
-        return None
-    try:
-        if target is bool:
-            if isinstance(raw, bool):
-                return raw
-            text = str(raw).strip().lower()
-            if text in ("1", "true", "yes", "on"):
-                return True
-            if text in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(raw)
-        if typing.get_origin(target) is Literal:
-            return str(raw)
-        return target(raw)
-    except (TypeError, ValueError):
-        raise SettingsError(f"{name}: cannot read {raw!r} as {getattr(target, '__name__', target)}") from None
-
-
-def load_settings(
-    args: argparse.Namespace | None = None,
-    env: Mapping[str, str] | None = None,
-    config_file: str | Path | None = None,
-    overrides: Mapping[str, Any] | None = None,
-) -> Settings:
-    """Merge defaults < config file (or ``overrides``, a mapping in its format) < environment < flags,
-    then validate."""
-    hints = _hints()
-    env = os.environ if env is None else env
-    values: dict[str, Any] = {}
-    if config_file is not None:
-        values.update(_read_file(Path(config_file)))
-    if overrides is not None:
-        values.update(settings_mapping(overrides, "settings"))
-    for f in dataclasses.fields(Settings):
-        for name in (*reversed(f.metadata.get("aliases", ())), f.name):  # the field's own name wins
-            if env_name(name) in env:
-                values[f.name] = env[env_name(name)]
-        if args is not None and getattr(args, f.name, None) is not None:
-            values[f.name] = getattr(args, f.name)
-    converted = {name: _convert(name, raw, hints[name]) for name, raw in values.items()}
-    return Settings(**converted).validate()
-
-
-def _read_file(path: Path) -> dict[str, Any]:
-    import yaml
-
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise SettingsError(f"config file {path}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise SettingsError(f"config file {path}: expected a mapping of settings")
-    return settings_mapping(data, f"config file {path}")
-
-
-def settings_mapping(data: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """Settings by field name from a config mapping (keys may use dashes); secrets are refused."""
-    known = {f.name for f in dataclasses.fields(Settings)}
-    alias_of = {a: f.name for f in dataclasses.fields(Settings) for a in f.metadata.get("aliases", ())}
-    flat: dict[str, Any] = {}
-    given = {str(key).replace("-", "_") for key in data}
-    for key, value in data.items():
-        name = str(key).replace("-", "_")
-        if name in alias_of and alias_of[name] in given:
-            continue  # the setting's own name wins over its alias, as in the environment
-        name = alias_of.get(name, name)
-        if name not in known:
-            raise SettingsError(f"{source}: unknown setting {key!r}")
-        if name in _secrets():
-            raise SettingsError(f"{source}: {key!r} is a secret; set {env_name(name)} instead")
-        flat[name] = value
-    return flat
-
-
-def redacted(settings: Settings) -> dict[str, Any]:
-    """Effective settings for display, secrets replaced."""
-    out = {}
-    for f in dataclasses.fields(settings):
-        value = getattr(settings, f.name)
-        out[f.name] = "***" if f.metadata.get("secret") and value else value
-    return out
-
-
-def without_secrets(settings: Settings) -> dict[str, Any]:
-    """The settings as a plain mapping with every secret unset: what may travel to other processes (Ray
-    keeps deployment arguments in its controller's state); each process reads the secrets from its own
-    environment with :func:`with_secrets_from_env`."""
-    return {
-        f.name: None if f.name in _secrets() else getattr(settings, f.name)
-        for f in dataclasses.fields(settings)
-    }
-
-
-def with_secrets_from_env(values: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Settings:
-    """Settings from :func:`without_secrets`'s mapping, secrets from ``env`` (default: this process's)."""
-    env = os.environ if env is None else env
-    secrets = {name: env[env_name(name)] for name in _secrets() if env_name(name) in env}
-    return Settings(**{**values, **secrets}).validate()

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import re
 
-from specserve.config import Settings, load_settings
+from specserve.config import Settings
+from specserve.config_sources import load_settings
 
 from .files import (
     DEPLOY,

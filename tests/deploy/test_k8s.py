@@ -8,7 +8,8 @@ from typing import Any
 
 import kubernetes_validate
 
-from specserve.config import Settings, load_settings
+from specserve.config import Settings
+from specserve.config_sources import load_settings
 
 from .files import K8S_SCHEMA_VERSION, SECRET_ENV, cli_args, image_pinned, k8s_docs, k8s_one, rel
 

@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
-from specserve.config import Settings, env_name, load_settings, settings_mapping
+from specserve.config import Settings, env_name
+from specserve.config_sources import load_settings, settings_mapping
 
 from .files import cli_args
 

@@ -18,6 +18,7 @@ from specserve.backends.llama_cpp import LlamaCppRuntime
 from specserve.drafters.base import Drafter, DraftOption, Proposal
 from specserve.drafters.draft_model import DraftModelDrafter
 from specserve.drafters.ngram import NgramDrafter
+from specserve.drafters.suffix import SuffixDrafter
 from specserve.engine.cost_model import CostModel, StepCostTable
 from specserve.engine.draft_policy import FixedLengthPolicy
 from specserve.engine.engine import SpeculativeEngine
@@ -58,6 +59,7 @@ def _run(models: TinyModels, params: SamplingParams, drafter: str) -> Sequence:
 
     drafters: dict[str, Drafter] = {
         "ngram": NgramDrafter(),
+        "suffix": SuffixDrafter(min_prob=0.0, factor=4.0),
         "draft-model": DraftModelDrafter(runtime(models.draft_close), p_min=0.0),
     }
     costs = CostModel(StepCostTable.from_samples({1: 1.0, 64: 64.0}))
@@ -79,7 +81,7 @@ def test_penalised_greedy_speculation_equals_plain(tiny_models: TinyModels, knob
     plain = _run(tiny_models, params, "none")
     unpenalised = _run(tiny_models, SamplingParams(max_tokens=48, ignore_eos=True), "none")
     assert plain.output_ids != unpenalised.output_ids  # the knob changes the answer
-    for drafter in ("ngram", "draft-model"):
+    for drafter in ("ngram", "suffix", "draft-model"):
         spec = _run(tiny_models, params, drafter)
         assert spec.output_ids == plain.output_ids, drafter
         if drafter == "draft-model":  # (prompt lookup finds little to copy in penalised output)
@@ -90,7 +92,7 @@ def test_stop_token_ids_end_the_output_without_emitting(tiny_models: TinyModels)
     free = _run(tiny_models, SamplingParams(max_tokens=32, ignore_eos=True), "none")
     stop = free.output_ids[10]
     first = free.output_ids.index(stop)
-    for drafter in ("none", "ngram", "draft-model"):
+    for drafter in ("none", "ngram", "suffix", "draft-model"):
         seq = _run(
             tiny_models, SamplingParams(max_tokens=32, ignore_eos=True, stop_token_ids=(stop,)), drafter
         )
@@ -103,7 +105,7 @@ def test_schema_constrained_output_validates_and_speculation_is_exact(tiny_model
     plain = _run(tiny_models, params, "none")
     jsonschema.validate(json.loads(plain.text), SCHEMA)
     assert plain.finish_reason == "stop"
-    for drafter in ("auto", "ngram", "draft-model"):
+    for drafter in ("auto", "ngram", "suffix", "draft-model"):
         seq = _run(tiny_models, params, drafter)
         assert seq.output_ids == plain.output_ids, drafter
         assert seq.stats.drafts_by_drafter.get("grammar", 0) > 0
@@ -139,7 +141,7 @@ def test_logprobs_do_not_depend_on_speculation(tiny_models: TinyModels) -> None:
     params = SamplingParams(max_tokens=40, ignore_eos=True, logprobs=3)
     plain = _run(tiny_models, params, "none")
     assert len(plain.logprobs) == len(plain.output_ids)
-    for drafter in ("ngram", "draft-model"):
+    for drafter in ("ngram", "suffix", "draft-model"):
         spec = _run(tiny_models, params, drafter)
         assert spec.output_ids == plain.output_ids
         assert spec.logprobs == plain.logprobs, drafter

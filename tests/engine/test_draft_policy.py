@@ -18,6 +18,7 @@ from specserve.engine.draft_policy import (
     FixedLengthPolicy,
     expected_tokens,
 )
+from specserve.engine.speculation_budget import SpeculationBudget
 from specserve.request import PositionalUniforms, SamplingParams
 from specserve.sequence import Sequence
 
@@ -307,3 +308,45 @@ def test_a_self_priced_drafter_drafts_only_where_its_own_cost_allows(draft_cost:
     assert_valid(plans, options)
     assert all((plan.drafter is drafter) == drafts for plan in plans)
     assert not drafts or any(n == 2 for n, _ in drafter.asked)  # both priced as one batched proposal
+
+
+# -- a drafter's own per-token estimate ------------------------------------------------------------
+
+
+def suffix_option(probs: tuple[float, ...], bucket: str = "match<=8") -> Options:
+    return {"stub": (StubDrafter(DraftOption(len(probs), bucket)), DraftOption(len(probs), bucket, 0, probs))}
+
+
+def test_a_confident_estimate_drafts_long_and_a_weak_one_drafts_nothing() -> None:
+    """The same bucket, two estimates: the drafter's own numbers decide, not the bucket's prior."""
+    curve = StepCostTable.from_samples({1: STEP, 2: STEP * 1.8, 4: STEP * 2.2, 16: STEP * 3.0, 64: STEP * 12})
+    policy = CostAwarePolicy(CostModel(curve), budget=SpeculationBudget(allowance_steps=100.0))
+    confident, weak = (0.99,) * 16, (0.3,) * 16
+    strong = policy.plan([make_seq("a")], [suffix_option(confident)])[0]
+    assert strong.num_tokens >= 12 and strong.token_probs == confident[: strong.num_tokens]
+    assert policy.plan([make_seq("b")], [suffix_option(weak)]) == [DraftPlan()]
+
+
+def test_expected_tokens_follow_the_estimate_and_its_calibration() -> None:
+    plan = DraftPlan(StubDrafter(DraftOption(3)), 3, "b", 1.0, 0, (0.5, 0.5, 1.0))
+    assert plan.expected_tokens() == pytest.approx(1 + 0.5 + 0.25 + 0.25)
+    halved = DraftPlan(StubDrafter(DraftOption(3)), 3, "b", 0.5, 0, (0.5, 0.5, 1.0))
+    assert halved.expected_tokens() == pytest.approx(1 + 0.5)
+
+
+def test_an_overconfident_drafter_is_calibrated_down_by_its_outcomes() -> None:
+    """Drafts that promise 8 tokens and keep 1 lower the (drafter, bucket) scale, for new requests too."""
+    curve = StepCostTable.from_samples({1: STEP, 8: STEP * 1.2, 64: STEP * 8})  # drafting is cheap here
+    policy = CostAwarePolicy(CostModel(curve), budget=SpeculationBudget(allowance_steps=100.0))
+    probs = (0.95,) * 8
+    first = policy.plan([make_seq("a")], [suffix_option(probs)])[0]
+    assert first.num_tokens >= 6 and first.alpha == pytest.approx(1.0)
+    for i in range(30):
+        seq = make_seq(f"r{i}")
+        plan = policy.plan([seq], [suffix_option(probs)])[0]
+        if plan.drafter is not None:
+            policy.observe(seq, plan, 1)
+    later = policy.plan([make_seq("new")], [suffix_option(probs)])[0]
+    assert later.drafter is None or later.alpha < 0.3
+    scale = policy.acceptance.scale(make_seq("new"), "stub", "match<=8")
+    assert scale < 0.3

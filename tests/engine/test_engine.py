@@ -6,25 +6,30 @@ drafter and draft length, alone or batched with other sequences.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from collections.abc import Sequence as Seq
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
+from scipy.stats import chisquare
 
-from specserve.backends.base import HostLogits
+from specserve.backends.base import DecodeChunk, HostLogits
 from specserve.backends.llama_cpp import LlamaCppRuntime
 from specserve.drafters.base import Drafter
 from specserve.drafters.draft_model import DraftModelDrafter
 from specserve.drafters.ngram import NgramDrafter
+from specserve.drafters.suffix import SuffixDrafter
 from specserve.engine.cost_model import CostModel, StepCostTable
 from specserve.engine.draft_policy import CostAwarePolicy, DraftLengthPolicy, FixedLengthPolicy
 from specserve.engine.engine import SpeculativeEngine
 from specserve.engine.options import EngineOptions
 from specserve.request import SamplingParams
 from specserve.sequence import Sequence, SpeculationOptions
-from specserve.verify import VerifyRequest
+from specserve.verify import VerifyRequest, filter_logits_to_probs
 from specserve.verify.host import HostVerifier
 from support.faulty_drafter import ExplodingDrafter
 from support.tiny_models import TinyModels
@@ -46,7 +51,10 @@ def make_engine(
     extra: dict[str, Drafter] | None = None,
 ) -> Iterator[SpeculativeEngine]:
     target = _runtime(models.target, context)
-    drafters: dict[str, Drafter] = {"ngram": NgramDrafter()}
+    drafters: dict[str, Drafter] = {
+        "ngram": NgramDrafter(),
+        "suffix": SuffixDrafter(min_prob=0.0, factor=4.0),
+    }
     if draft is not None:
         drafters["draft-model"] = DraftModelDrafter(_runtime(draft, context), p_min=0.0)
     drafters.update(extra or {})
@@ -123,13 +131,82 @@ def test_ngram_greedy_equals_plain_with_copyable_output(tiny_models: TinyModels)
     assert spec.stats.num_drafts > 0
 
 
+@pytest.mark.parametrize("k", [1, 4, 16])
+def test_suffix_greedy_equals_plain_and_drafts_from_earlier_outputs(
+    tiny_models: TinyModels, plain_greedy: Sequence, k: int
+) -> None:
+    """The same request three times (an agent re-running a task): the suffix drafter copies the earlier
+    outputs, and every run equals plain decoding token for token."""
+    with make_engine(tiny_models, k=k) as engine:
+        runs = [run_all(engine, [(PROMPT, GREEDY, "suffix")])[0] for _ in range(3)]
+        assert engine.drafters["suffix"].cache.num_requests == 3  # type: ignore[attr-defined]
+    for seq in runs:
+        assert seq.output_ids == plain_greedy.output_ids
+    assert runs[2].stats.num_accepted_tokens > runs[0].stats.num_accepted_tokens
+    assert runs[2].stats.acceptance_rate > 0.9  # a greedy re-run copies its predecessors exactly
+    assert runs[2].stats.num_accepted_tokens >= len(plain_greedy.output_ids) * k / (k + 1) - k - 1
+
+
+def exact_pairs(
+    engine: SpeculativeEngine, prompt: list[int], knobs: dict[str, Any]
+) -> dict[tuple[int, int], float]:
+    """P(t1, t2) of the target with the knobs applied, from its own logits (slot 0, then freed)."""
+    target, slot = engine.target, 0
+    probs: dict[tuple[int, int], float] = {}
+    first = target.decode([DecodeChunk(slot, prompt, 0, 1)])
+    p1 = filter_logits_to_probs(np.asarray(first[0], dtype=np.float32), **knobs)[0]
+    for t1 in np.nonzero(p1)[0]:
+        target.truncate(slot, len(prompt))
+        second = target.decode([DecodeChunk(slot, [int(t1)], len(prompt), 1)])
+        p2 = filter_logits_to_probs(np.asarray(second[0], dtype=np.float32), **knobs)[0]
+        for t2 in np.nonzero(p2)[0]:
+            probs[(int(t1), int(t2))] = float(p1[t1] * p2[t2])
+    target.free(slot)
+    return probs
+
+
+def test_suffix_sampled_output_follows_the_target_distribution(tiny_models: TinyModels) -> None:
+    """Sampled requests of one prompt, the suffix drafter copying earlier requests' outputs: the first two
+    tokens follow the target's own distribution with temperature, top-k, top-p and min-p applied."""
+    knobs: dict[str, Any] = {"temperature": 0.8, "top_k": 4, "top_p": 0.95, "min_p": 0.02}
+    n = 1500
+    with make_engine(tiny_models, k=3) as engine:
+        prompt = engine.target.tokenize(PROMPT)
+        expected = exact_pairs(engine, prompt, knobs)
+        produced: dict[str, list[int]] = {}
+        for seed in range(n):
+            params = SamplingParams(max_tokens=3, seed=seed, **knobs)
+            engine.add_request(f"s{seed}", prompt, params, SpeculationOptions(drafter="suffix"))
+            while engine.scheduler.waiting or len(engine.scheduler.running) >= 4:
+                for out in engine.step():
+                    produced.setdefault(out.request_id, []).extend(out.new_token_ids)
+        while engine.has_work():
+            for out in engine.step():
+                produced.setdefault(out.request_id, []).extend(out.new_token_ids)
+        stats = engine.stats
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens  # drafts accepted and rejected
+    counts = Counter((tokens[0], tokens[1]) for tokens in produced.values())
+    assert set(counts) <= set(expected)
+    cells = sorted(expected)
+    observed = np.array([counts.get(c, 0) for c in cells], dtype=np.float64)
+    wanted = np.array([expected[c] for c in cells]) * n
+    keep = wanted >= 5  # chi-square needs expected counts of at least 5; the rest pooled
+    observed = np.append(observed[keep], observed[~keep].sum())
+    wanted = np.append(wanted[keep], wanted[~keep].sum())
+    if wanted[-1] == 0:
+        observed, wanted = observed[:-1], wanted[:-1]
+    wanted *= observed.sum() / wanted.sum()
+    assert chisquare(observed, wanted).pvalue > 1e-3
+    assert 0.5 * np.abs(observed - wanted).sum() / n < 0.04
+
+
 def test_batched_sequences_match_solo_runs(tiny_models: TinyModels, plain_greedy: Sequence) -> None:
     prompts = [PROMPT, "import numpy as np\n", "class Foo:\n    def __init__(self):"]
     solo = [generate(tiny_models, GREEDY, "none").output_ids]
     with make_engine(tiny_models) as engine:
         solo += [run_all(engine, [(p, GREEDY, "none")])[0].output_ids for p in prompts[1:]]
     with make_engine(tiny_models, draft=tiny_models.draft_close, k=5) as engine:
-        drafters = ["draft-model", "ngram", "draft-model"]
+        drafters = ["draft-model", "ngram", "suffix"]
         batched = run_all(engine, [(p, GREEDY, d) for p, d in zip(prompts, drafters, strict=True)])
     assert [s.output_ids for s in batched] == solo
     assert solo[0] == plain_greedy.output_ids
@@ -143,8 +220,10 @@ def test_sampling_is_seeded_and_drafter_independent_for_model_free_drafts(tiny_m
     # Positional coupling: one uniform per output position, so n-gram drafts do not change the sample.
     with make_engine(tiny_models, k=8) as engine:
         prompt = PROMPT + plain.text
-        base, spec = run_all(engine, [(prompt, params, "none"), (prompt, params, "ngram")])
-    assert spec.output_ids == base.output_ids
+        base, spec, suffix = run_all(
+            engine, [(prompt, params, "none"), (prompt, params, "ngram"), (prompt, params, "suffix")]
+        )
+    assert spec.output_ids == base.output_ids == suffix.output_ids
     other = generate(tiny_models, SamplingParams(max_tokens=40, temperature=0.8, top_p=0.9, seed=12))
     assert other.output_ids != plain.output_ids
 
@@ -244,6 +323,23 @@ def test_failing_drafter_falls_back_to_plain_output(tiny_models: TinyModels, pla
         seq = run_all(engine, [(PROMPT, GREEDY, "exploding")])[0]
         assert engine.stats.drafter_failures == 3
         assert "exploding" not in engine.drafters  # disabled after repeated failures
+    assert seq.output_ids == plain_greedy.output_ids
+
+
+def test_a_failing_suffix_drafter_degrades_to_plain_decoding(
+    tiny_models: TinyModels, plain_greedy: Sequence, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with make_engine(tiny_models) as engine:
+        run_all(engine, [(PROMPT, GREEDY, "suffix")])  # its output is now in the cache
+        suffix = engine.drafters["suffix"]
+
+        def broken(*_args: object) -> list[object]:
+            raise RuntimeError("simulated index fault")
+
+        monkeypatch.setattr(suffix, "_occurrences", broken)
+        seq = run_all(engine, [(PROMPT, GREEDY, "suffix")])[0]
+        assert engine.stats.drafter_failures == 3 and "suffix" not in engine.drafters
+        assert not suffix.cache._live  # type: ignore[attr-defined]  # the failed requests' state is gone
     assert seq.output_ids == plain_greedy.output_ids
 
 

@@ -20,6 +20,7 @@ from specserve.backends.llama_cpp import LlamaCppRuntime
 from specserve.drafters.base import Drafter
 from specserve.drafters.draft_model import DraftModelDrafter
 from specserve.drafters.ngram import NgramDrafter
+from specserve.drafters.suffix import SuffixDrafter
 from specserve.engine.cost_model import CostModel, StepCostTable
 from specserve.engine.draft_policy import FixedLengthPolicy
 from specserve.engine.engine import SpeculativeEngine
@@ -52,7 +53,7 @@ def make_engine(
     target = LlamaCppRuntime(path, context_per_sequence=512, max_sequences=slots, n_threads=1)
     grid = prefill if target.info.exactness == "capped" else None
     prefix = PrefixCache(target, host_bytes=int(host_mib * 2**20), grid=grid) if cache else None
-    drafters: dict[str, Drafter] = {"ngram": NgramDrafter()}
+    drafters: dict[str, Drafter] = {"ngram": NgramDrafter(), "suffix": SuffixDrafter()}
     if draft is not None:
         runtime = LlamaCppRuntime(draft, context_per_sequence=512, max_sequences=slots, n_threads=1)
         drafters["draft-model"] = DraftModelDrafter(runtime, p_min=0.0)
@@ -96,7 +97,7 @@ def test_block_hashes_chain_whole_prefixes_and_salts() -> None:
     assert not set(block_hashes(a, salt="tenant-b")) & set(hashes)
 
 
-@pytest.mark.parametrize("drafter", ["none", "ngram"])
+@pytest.mark.parametrize("drafter", ["none", "ngram", "suffix"])
 def test_second_turn_reuses_history_and_output_is_unchanged(q4_k_m: Path, drafter: str) -> None:
     with make_engine(q4_k_m) as engine:
         ids = engine.target.tokenize(TEXT)

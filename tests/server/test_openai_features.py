@@ -326,6 +326,26 @@ def test_n_choices_share_the_prompt_and_have_own_seeds(client: openai.OpenAI) ->
     assert [by_index[i] for i in range(3)] == texts[:3]
 
 
+def test_suffix_drafts_keep_every_choice_and_the_greedy_answer(
+    server: ServerProcess, client: openai.OpenAI
+) -> None:
+    """The suffix drafter over the server: the n choices of a request draft from each other and from the
+    earlier requests' outputs, and every answer is still plain decoding's (seeded samples included)."""
+    suffix = {"speculative": {"enabled": True, "drafter": "suffix", "num_draft_tokens": 8}}
+    messages = [{"role": "user", "content": "List the planets, one per line, with a short note each."}]
+    plain = chat(client, OFF, messages=messages, n=3, temperature=1.0, seed=21, max_tokens=24)
+    for _ in range(2):  # the second time, the first time's outputs are in the cache
+        drafted = chat(client, suffix, messages=messages, n=3, temperature=1.0, seed=21, max_tokens=24)
+        assert [c.message.content for c in drafted.choices] == [c.message.content for c in plain.choices]
+    greedy = chat(client, OFF, messages=messages, n=2, temperature=0, max_tokens=32)
+    again = chat(client, suffix, messages=messages, n=2, temperature=0, max_tokens=32)
+    assert [c.message.content for c in again.choices] == [c.message.content for c in greedy.choices]
+    spec = again.model_extra["speculative"] if again.model_extra else {}
+    assert spec.get("accepted_by_drafter", {}).get("suffix", 0) > 0  # drafted from the earlier answers
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert 'drafter="suffix"' in metrics
+
+
 @pytest.mark.parametrize(
     "knob",
     [

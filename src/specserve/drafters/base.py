@@ -35,6 +35,9 @@ class DraftOption:
     bucket: str = ""
     setup_tokens: int = 0
     """Tokens a model drafter must evaluate before its first guess (its catch-up); enters the cost."""
+    token_probs: tuple[float, ...] = ()
+    """The drafter's own estimate per offered token (``max_tokens`` of them): the chance token ``i`` is
+    accepted given the tokens before it were. Empty: the policy estimates from the bucket's record."""
 
 
 @dataclass(frozen=True)

@@ -33,12 +33,18 @@ class DrafterContext:
     """A DFlash2 / DFlash checkpoint directory (``--draft DIR``)."""
     draft_block_size: int | None = None
     candidate_topk: int | None = None
+    suffix_depth: int = 32
+    suffix_factor: float = 1.0
+    suffix_min_prob: float = 0.1
+    suffix_cache_requests: int = 256
+    suffix_cache_tokens: int = 131072
 
 
 DrafterFactory = Callable[[DrafterContext], Drafter]
 
 FACTORIES: dict[str, str] = {
     "ngram": "specserve.drafters.ngram:build",
+    "suffix": "specserve.drafters.suffix:build",
     "draft-model": "specserve.drafters.draft_model:build",
     "dflash2": "specserve.drafters.dflash2:build",
 }

@@ -184,9 +184,20 @@ def load_models(settings: Settings, calibrate_costs: bool = True, keep_draft: bo
 def build_drafters(
     settings: Settings, draft: Runtime | None, target_vocab_size: int | None = None
 ) -> dict[str, Drafter]:
-    """Every drafter the loaded models allow: n-gram always, the draft model when one is loaded."""
-    context = DrafterContext(draft, settings.ngram_min_n, settings.draft_p_min, target_vocab_size)
-    names: list[DrafterName] = ["ngram"] if draft is None else ["ngram", "draft-model"]
+    """Every drafter the loaded models allow: n-gram and suffix always, the draft model when one is
+    loaded."""
+    context = DrafterContext(
+        draft,
+        settings.ngram_min_n,
+        settings.draft_p_min,
+        target_vocab_size,
+        suffix_depth=settings.suffix_depth,
+        suffix_factor=settings.suffix_factor,
+        suffix_min_prob=settings.suffix_min_prob,
+        suffix_cache_requests=settings.suffix_cache_requests,
+        suffix_cache_tokens=settings.suffix_cache_tokens,
+    )
+    names: list[DrafterName] = ["ngram", "suffix"] if draft is None else ["ngram", "suffix", "draft-model"]
     return {name: build_drafter(name, context) for name in names}
 
 

@@ -64,6 +64,15 @@ class DraftPlan:
     """The acceptance estimate the decision was based on."""
     setup_tokens: int = 0
     """Tokens a model drafter evaluates before its first guess (see DraftOption)."""
+    token_probs: tuple[float, ...] = ()
+    """The drafter's own per-token estimate (DraftOption.token_probs), scaled by its calibration: then
+    ``alpha`` is that scale, not an acceptance rate."""
+
+    def expected_tokens(self) -> float:
+        """Tokens the verify step is expected to emit: accepted drafts plus the target's own."""
+        if not self.token_probs:
+            return expected_tokens(self.alpha, self.num_tokens)
+        return 1.0 + min(0.995 * self.num_tokens, self.alpha * estimated_accepted(self.token_probs))
 
 
 @dataclass
@@ -71,14 +80,21 @@ class _Counts:
     accepted: float = 0.0
     rejected: float = 0.0
     drafts: float = 0.0
+    predicted: float = 0.0
+    """Accepted tokens the drafters' own estimates predicted (drafts that carry one)."""
 
-    def add(self, num_draft: int, num_accepted: int, decay: float) -> None:
+    def add(self, num_draft: int, num_accepted: int, decay: float, predicted: float = 0.0) -> None:
         self.accepted = self.accepted * decay + num_accepted
         self.rejected = self.rejected * decay + (1.0 if num_accepted < num_draft else 0.0)
         self.drafts = self.drafts * decay + 1.0
+        self.predicted = self.predicted * decay + predicted
 
     def posterior(self, prior: float, weight: float) -> float:
         return (self.accepted + prior * weight) / (self.accepted + self.rejected + weight)
+
+    def scale(self, prior: float, weight: float) -> float:
+        """Accepted over predicted tokens, starting from ``prior`` with ``weight`` predicted tokens."""
+        return (self.accepted + prior * weight) / (self.predicted + weight)
 
 
 @dataclass
@@ -100,6 +116,15 @@ class AcceptanceTracker:
         own = self._seq_counts(seq).get(drafter, _Counts())
         return min(own.posterior(global_alpha, _SEQ_PRIOR_WEIGHT), 0.995)
 
+    def scale(self, seq: Sequence, drafter: str, bucket: str) -> float:
+        """Calibration of a drafter's own estimate: how many tokens were accepted per token it predicted,
+        globally per (drafter, bucket) from 1.0 (the estimate taken as it is), refined by this request's
+        record. Kept apart from ``alpha``'s counts: the two measure different things."""
+        counts = self.global_counts.get((drafter, "~" + bucket), _Counts())
+        global_scale = counts.scale(1.0, _GLOBAL_PRIOR_WEIGHT)
+        own = self._seq_counts(seq).get("~" + drafter, _Counts())
+        return min(own.scale(global_scale, _SEQ_PRIOR_WEIGHT), 2.0)
+
     def evidence(self, seq: Sequence, drafter: str, bucket: str) -> float:
         """Drafts behind ``alpha``'s estimate beyond its prior: the (drafter, bucket)'s in this process
         (decayed) plus this request's own with the drafter."""
@@ -119,13 +144,30 @@ class AcceptanceTracker:
         own = self._seq_counts(seq).get(drafter, _Counts())
         return own.drafts - own.rejected >= PROVEN_DRAFTS
 
-    def observe(self, seq: Sequence, drafter: str, bucket: str, num_draft: int, num_accepted: int) -> None:
+    def observe(
+        self,
+        seq: Sequence,
+        drafter: str,
+        bucket: str,
+        num_draft: int,
+        num_accepted: int,
+        token_probs: tuple[float, ...] = (),
+    ) -> None:
+        """Book a verify outcome; a draft with the drafter's own estimate also books what it predicted."""
         if num_draft <= 0:
             return
         self.global_counts.setdefault((drafter, bucket), _Counts()).add(
             num_draft, num_accepted, _GLOBAL_DECAY
         )
         self._seq_counts(seq).setdefault(drafter, _Counts()).add(num_draft, num_accepted, _SEQ_DECAY)
+        if token_probs:
+            predicted = estimated_accepted(token_probs[:num_draft])
+            self.global_counts.setdefault((drafter, "~" + bucket), _Counts()).add(
+                num_draft, num_accepted, _GLOBAL_DECAY, predicted
+            )
+            self._seq_counts(seq).setdefault("~" + drafter, _Counts()).add(
+                num_draft, num_accepted, _SEQ_DECAY, predicted
+            )
 
     @staticmethod
     def _seq_counts(seq: Sequence) -> dict[str, _Counts]:
@@ -141,6 +183,15 @@ CallRows = Callable[[Seq[int]], list[int]]
 def expected_tokens(alpha: float, k: int) -> float:
     """Expected tokens emitted by a verify step with k drafts: accepted drafts plus one target token."""
     return sum(alpha**i for i in range(k + 1))
+
+
+def estimated_accepted(token_probs: Seq[float]) -> float:
+    """Expected accepted drafts under per-token conditional estimates: the sum of their running products."""
+    total, cumulative = 0.0, 1.0
+    for p in token_probs:
+        cumulative *= p
+        total += cumulative
+    return total
 
 
 class DraftLengthPolicy:
@@ -203,7 +254,9 @@ class CostAwarePolicy(DraftLengthPolicy):
 
     def observe(self, seq: Sequence, plan: DraftPlan, num_accepted: int) -> None:
         if plan.drafter is not None:
-            self.acceptance.observe(seq, plan.drafter.name, plan.bucket, plan.num_tokens, num_accepted)
+            self.acceptance.observe(
+                seq, plan.drafter.name, plan.bucket, plan.num_tokens, num_accepted, plan.token_probs
+            )
 
     def observe_step(self, seq: Sequence, num_drafts: int, num_accepted: int, step: StepTiming) -> None:
         self.budget.book(seq, num_drafts, num_accepted, step, self.costs.target)
@@ -227,7 +280,10 @@ class CostAwarePolicy(DraftLengthPolicy):
             improved = False
             for s, seq in enumerate(seqs):
                 for drafter, option in options[s].values() if headroom[s] >= 0 else ():
-                    alpha = self.acceptance.alpha(seq, drafter.name, option.bucket)
+                    estimated = bool(option.token_probs)
+                    alpha = (self.acceptance.scale if estimated else self.acceptance.alpha)(
+                        seq, drafter.name, option.bucket
+                    )
                     seen = self.acceptance.evidence(seq, drafter.name, option.bucket)
                     proven = option.bucket in SURE_BUCKETS or self.acceptance.proven(seq, drafter.name)
                     trusted = seen >= TRUSTED_DRAFTS and proven
@@ -236,9 +292,10 @@ class CostAwarePolicy(DraftLengthPolicy):
                         limit = self.budget.risk_limit(headroom[s], one_step, plans[s].drafter is None)
                         if not trusted and self._rejection_cost(drafter, option, k) > limit:
                             break
+                        probs = option.token_probs[:k]
                         trial = [
                             *plans[:s],
-                            DraftPlan(drafter, k, option.bucket, alpha, option.setup_tokens),
+                            DraftPlan(drafter, k, option.bucket, alpha, option.setup_tokens, probs),
                             *plans[s + 1 :],
                         ]
                         rate = self._rate(trial, prefill_rows, prefill_seconds)
@@ -277,7 +334,7 @@ class CostAwarePolicy(DraftLengthPolicy):
             if plan.drafter is None:
                 tokens += 1.0
                 continue
-            tokens += expected_tokens(plan.alpha, plan.num_tokens)
+            tokens += plan.expected_tokens()
             if plan.drafter.draft_seconds(1, plan.num_tokens) is not None:
                 self_priced.setdefault(plan.drafter.name, (plan.drafter, []))[1].append(plan.num_tokens)
             elif plan.drafter.uses_model:

@@ -48,7 +48,10 @@ class Drafting:
                 allowed[self.forced.name] = (self.forced, self.forced.available(seq, limit))  # first: surest
             for name in self._allowed_drafters(seq, options) if limit > 0 else ():
                 drafter = self.drafters[name]
-                allowed[name] = (drafter, drafter.available(seq, limit))
+                try:
+                    allowed[name] = (drafter, drafter.available(seq, limit))
+                except Exception as exc:  # a drafter must never fail a request
+                    self._drafter_failed(name, [seq], exc)
             offers.append(allowed)
         if not any(offers):
             return [DraftPlan() for _ in seqs]

@@ -23,7 +23,8 @@ from typing import Any
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
-from specserve.config import Settings, load_settings, with_secrets_from_env, without_secrets
+from specserve.config import Settings
+from specserve.config_sources import load_settings, with_secrets_from_env, without_secrets
 from specserve.rayserve.front import Front, create_front_app
 from specserve.rayserve.replica import EngineReplica
 from specserve.rayserve.router import PrefixAffinityRouter

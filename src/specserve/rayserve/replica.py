@@ -13,7 +13,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from specserve.config import with_secrets_from_env
+from specserve.config_sources import with_secrets_from_env
 from specserve.engine.builder import build_engine
 from specserve.engine.prefix_cache import routing_key
 from specserve.logging import configure_logging

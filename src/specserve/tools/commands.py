@@ -15,7 +15,8 @@ import argparse
 import importlib.util
 from typing import Any
 
-from specserve.config import ENGINE_GROUPS, add_arguments
+from specserve.config import ENGINE_GROUPS
+from specserve.config_sources import add_arguments
 from specserve.tools.workloads import ToolInputError
 
 TOOL_DEPENDENCIES = ("httpx", "scipy", "matplotlib")
@@ -52,6 +53,12 @@ def _add_bench(sub: Any) -> None:
     http.add_argument("--peer", action="store_true", help="--url is not specserve: send plain requests only.")
     http.add_argument(
         "--peer-url", action="append", default=[], metavar="NAME=URL", help="Another server, as mode NAME."
+    )
+    http.add_argument(
+        "--agent-modes",
+        action="append",
+        default=[],
+        help="With --workload agent: specserve modes (plain, ngram, suffix, auto; default all).",
     )
     http.add_argument("--temperature", type=float, default=0.0)
     http.add_argument("--seed", type=int, default=None)

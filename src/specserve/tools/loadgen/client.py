@@ -76,6 +76,8 @@ class RequestResult:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     """``usage.prompt_tokens_details.cached_tokens``, where the server reports it."""
+    timings: dict[str, Any] | None = None
+    """llama-server's ``timings`` object (its drafted and accepted token counts among them)."""
 
     @property
     def tpot(self) -> float | None:
@@ -139,6 +141,14 @@ class BenchClient:
         except httpx.HTTPError:
             return None
         return parse_spec_counters(response.text) if response.status_code == 200 else None
+
+    async def tokenize(self, base_url: str, model: str, text: str) -> list[int]:
+        """Token ids of ``text`` (no special tokens) from the server's vLLM-style ``POST /tokenize``."""
+        body = {"model": model, "prompt": text, "add_special_tokens": False}
+        response = await self.http.post(f"{base_url}/tokenize", json=body)
+        if response.status_code != 200:
+            raise ToolInputError(f"{base_url}/tokenize answered {response.status_code}")
+        return [int(t) for t in response.json()["tokens"]]
 
     async def reports_speculative(self, base_url: str, model: str) -> bool:
         """Whether the server takes the ``speculative`` extension and reports it (i.e. it is specserve)."""
@@ -219,6 +229,8 @@ class BenchClient:
                     result.finish_reason = choice.get("finish_reason") or result.finish_reason
                 if isinstance(event.get("speculative"), dict):
                     result.speculative = event["speculative"]
+                if isinstance(event.get("timings"), dict):
+                    result.timings = event["timings"]
                 usage = event.get("usage")
                 if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
                     usage_tokens = usage["completion_tokens"]

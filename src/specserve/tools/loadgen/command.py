@@ -7,6 +7,13 @@ import asyncio
 import os
 
 from specserve.tools.flags import names, parse_float_list, parse_int_list
+from specserve.tools.loadgen.agent import (
+    AGENT_WORKLOADS,
+    SPEC_MODES,
+    AgentBenchOptions,
+    render_agent,
+    run_agent_bench,
+)
 from specserve.tools.loadgen.bench import HttpBenchOptions, parse_peers, run_http_bench, spec_extension
 from specserve.tools.loadgen.client import RequestParams, ServerOptions, normalize_base_url
 from specserve.tools.loadgen.prefix import (
@@ -30,6 +37,8 @@ def bench_over_http(args: argparse.Namespace) -> int:
         raise ToolInputError("--requests and --max-tokens must be >= 1")
     workload_names = names(args.workload)
     params = RequestParams(args.max_tokens, args.temperature, args.seed, args.ignore_eos)
+    if any(n in AGENT_WORKLOADS for n in workload_names):
+        return _agent_bench(args, workload_names, params)
     if any(n in PREFIX_WORKLOADS for n in workload_names):
         if not all(n in PREFIX_WORKLOADS for n in workload_names):
             raise ToolInputError(f"run {', '.join(PREFIX_WORKLOADS)} apart from other workloads")
@@ -57,4 +66,23 @@ def bench_over_http(args: argparse.Namespace) -> int:
     report = stamped(asyncio.run(run_http_bench(options, progress)))
     out = write_report(args.output_dir, report, render_markdown(report))
     write_plots(report, out)
+    return 0
+
+
+def _agent_bench(args: argparse.Namespace, workload_names: list[str], params: RequestParams) -> int:
+    if workload_names != list(AGENT_WORKLOADS):
+        raise ToolInputError(f"run {', '.join(AGENT_WORKLOADS)} apart from other workloads")
+    modes = names(args.agent_modes) or list(SPEC_MODES)
+    unknown = [m for m in modes if m not in SPEC_MODES]
+    if unknown:
+        raise ToolInputError(f"--agent-modes: unknown {', '.join(unknown)}; known: {', '.join(SPEC_MODES)}")
+    options = AgentBenchOptions(
+        server_options(args),
+        modes,
+        parse_int_list(args.concurrency, "--concurrency"),
+        params,
+        parse_peers(args.peer_url),
+    )
+    report = stamped(asyncio.run(run_agent_bench(options, progress)))
+    write_report(args.output_dir, report, render_agent(report))
     return 0

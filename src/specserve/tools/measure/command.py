@@ -13,7 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from specserve.config import Settings, load_settings
+from specserve.config import Settings
+from specserve.config_sources import load_settings
 from specserve.tools.flags import sampling
 from specserve.tools.measure.engine_bench import MODES, builtin_prompts, mode, resolve_model, run_engine_bench
 from specserve.tools.measure.engine_report import render_exact_cost, render_markdown

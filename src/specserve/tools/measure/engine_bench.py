@@ -35,9 +35,10 @@ class Mode:
 MODES = {
     "plain": Mode("plain", (), "fixed"),
     "ngram": Mode("ngram", ("ngram",), "fixed"),
+    "suffix": Mode("suffix", ("suffix",), "cost"),  # its per-token estimate is what gates its drafts
     "draft-model": Mode("draft-model", ("draft-model",), "fixed"),
     "grammar": Mode("grammar", ("grammar",), "fixed"),  # only the tokens a request's grammar forces
-    "auto": Mode("auto", ("ngram", "draft-model", "dflash2"), "cost"),  # whichever are loaded
+    "auto": Mode("auto", ("ngram", "suffix", "draft-model", "dflash2"), "cost"),  # whichever are loaded
     "dflash2": Mode("dflash2", ("dflash2",), "fixed"),  # --draft DIR: a DFlash2 checkpoint (torch)
 }
 

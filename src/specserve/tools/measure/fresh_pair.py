@@ -92,7 +92,7 @@ def within_request(
 
 def main(argv: Sequence[str]) -> int:
     from specserve.chat import chat_prompt_ids
-    from specserve.config import add_arguments, load_settings
+    from specserve.config_sources import add_arguments, load_settings
     from specserve.engine.builder import build_engine
     from specserve.request import SamplingParams
 

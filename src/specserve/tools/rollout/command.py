@@ -11,7 +11,8 @@ import copy
 import dataclasses
 from typing import Any
 
-from specserve.config import Settings, load_settings
+from specserve.config import Settings
+from specserve.config_sources import load_settings
 from specserve.engine.builder import LoadedModels, load_models
 from specserve.tools.flags import names, parse_int_list, sampling
 from specserve.tools.output import progress, stamped, write_report
@@ -72,7 +73,7 @@ def _verify_in_process(
     models = load_models(settings, keep_draft=settings.drafter in ("auto", "draft-model"))
     try:
         arms: list[str] = list(models.drafters)
-        if settings.drafter in ("ngram", "draft-model"):
+        if settings.drafter in ("ngram", "suffix", "draft-model"):
             if settings.drafter not in models.drafters:
                 raise ToolInputError(f"drafter {settings.drafter} is not loaded (give --draft PATH)")
             arms = [settings.drafter]

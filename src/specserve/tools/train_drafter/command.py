@@ -7,7 +7,7 @@ import dataclasses
 import importlib.util
 from pathlib import Path
 
-from specserve.config import load_settings
+from specserve.config_sources import load_settings
 from specserve.tools.flags import parse_int_list
 from specserve.tools.output import progress
 from specserve.tools.workloads import ToolInputError
