@@ -16,6 +16,7 @@ import json
 import platform
 import random
 import time
+from pathlib import Path
 from typing import Any
 
 from specserve.drafters.suffix import SuffixDrafter
@@ -59,12 +60,26 @@ class DictTrie:
                     break
                 node = child[1]
             else:
-                out = []
+                out: list[int] = []
                 while node and len(out) < k:
-                    token, (count, node) = max(node.items(), key=lambda kv: kv[1][0])
+                    token, (_count, node) = max(node.items(), key=lambda kv: kv[1][0])
                     out.append(token)
                 return out
         return []
+
+
+def cpu_name() -> str:
+    """The CPU's model name, family and model (as /proc/cpuinfo says; the machine kind varies)."""
+    fields: dict[str, str] = {}
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.machine()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    family, model = fields.get("cpu family", "?"), fields.get("model", "?")
+    return f"{fields.get('model name', '?')} (family {family}, model {model})"
 
 
 def make_seq(rid: str, prompt: list[int], salt: str = "") -> Sequence:
@@ -114,7 +129,7 @@ def main() -> None:
     print(
         json.dumps(
             {
-                "cpu": platform.processor() or platform.machine(),
+                "cpu": cpu_name(),
                 "python": platform.python_version(),
                 "prompt_tokens": args.tokens,
                 "cached_outputs": args.outputs,

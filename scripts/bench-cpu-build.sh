@@ -13,6 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 isa="${1:?usage: scripts/bench-cpu-build.sh native|avx2}"
 S=.venv/bin/specserve
+PY=.venv/bin/python  # $PY -m benchmarks.<name>: the harnesses of benchmarks/ (not in the wheel)
 OUT=${OUT:-docs/bench/cpu-$isa}
 PORT=${PORT:-8123}
 PEER_PORT=${PEER_PORT:-8124}
@@ -47,7 +48,7 @@ mkdir -p "$OUT"
 #    process per round; then the kernels against stock in one process, call by call (precise to a few per
 #    cent), with the tiled kernel's start measured here, and forced to 8 (upstream) and 32 (the build's).
 if [[ "$PARTS" == *" cost "* ]]; then
-  $S bench --in-process --exact-cost --stock-lib "$stock" --repeats 3 --output-dir "$OUT/exact-cost"
+  $PY -m benchmarks.exact_cost --stock-lib "$stock" --repeats 3 --output-dir "$OUT/exact-cost"
   OUT="$OUT" scripts/bench-kernels.sh "$isa" 8 64
 fi
 # 2. The default policy against plain decoding on the built-in engine prompts, two rounds; then the edit and
@@ -61,10 +62,10 @@ fi
 #    modes in one fresh process per round (order alternating), free of the drift between
 #    processes.
 if [[ "$PARTS" == *" fresh "* ]]; then
-  $S bench --in-process --fresh-process --repeats "$ROUNDS" --max-tokens 160 --output-dir "$OUT/fresh-process"
+  $PY -m benchmarks.fresh_generate --repeats "$ROUNDS" --max-tokens 160 --output-dir "$OUT/fresh-process"
 fi
 if [[ "$PARTS" == *" fresh "* || "$PARTS" == *" paired "* ]]; then
-  $S bench --in-process --fresh-process --paired --repeats "$ROUNDS" --max-tokens 160 \
+  $PY -m benchmarks.fresh_generate --paired --repeats "$ROUNDS" --max-tokens 160 \
     --output-dir "$OUT/fresh-process-paired"
 fi
 [[ "$PARTS" == *" server "* ]] || exit 0

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # specserve's llama.cpp kernels against stock llama.cpp, decode calls of 1-48 rows, in ONE process: both
 # builds loaded side by side (scripts/kernel-ab.cpp, dlmopen), calls alternating between them round by
-# round. Separate processes per build (specserve bench --exact-cost) cannot tell a few per cent apart on a
+# round. Separate processes per build (benchmarks/exact_cost.py) cannot tell a few per cent apart on a
 # VM whose speed drifts by +-20 % between runs; this can. Arms: stock llama.cpp of the same instruction set
 # (default flags: tiled kernel from 8 rows), specserve's build with the tiled kernel's start the engine
 # measures on this machine (llama_cpp_tiled.py), and specserve's build with the start forced to 8 and 32.

@@ -6,6 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 S=.venv/bin/specserve
+PY=.venv/bin/python  # $PY -m benchmarks.<name>: the harnesses of benchmarks/ (not in the wheel)
 OUT=${OUT:-docs/bench}
 PORT=${PORT:-8123}
 PEER_PORT=${PEER_PORT:-8124}
@@ -16,11 +17,12 @@ $S models pull
 
 # 1. Exact mode cost: target decode calls, exact vs --no-exact, 7 interleaved rounds (single rounds move by
 #    a few per cent).
-$S bench --in-process --exact-cost --repeats 7 --output-dir "$OUT/exact-cost"
+$PY -m benchmarks.exact_cost --repeats 7 --output-dir "$OUT/exact-cost"
 
 # 1b. Plain decoding (prompt processing and one-token steps) against llama.cpp's llama-bench, 5 rounds,
 #     every side a fresh process.
-$S bench --in-process --vs-llama-bench "$STOCK/llama-bench" --repeats 5 --output-dir "$OUT/llama-bench"
+$PY -m benchmarks.llama_bench --vs-llama-bench "$STOCK/llama-bench" --repeats 5 \
+  --output-dir "$OUT/llama-bench"
 
 # 2. Engine, exact mode (the default): plain vs n-gram (fixed k) vs draft model (fixed k) vs the default policy.
 $S bench --in-process --output-dir "$OUT/engine-exact" --max-tokens 128
@@ -36,7 +38,7 @@ $S bench --in-process --no-exact --modes plain,ngram,auto --output-dir "$OUT/eng
 #     it when installed).
 $S bench --in-process --structured --modes plain,grammar,auto --max-tokens 256 --threads 2 --repeats 2 \
   --output-dir "$OUT/structured"
-$S bench --in-process --grammar-cost --output-dir "$OUT/grammar-cost"
+$PY -m benchmarks.grammar_cost --output-dir "$OUT/grammar-cost"
 
 # 3b. evaluate: acceptance per drafter and draft length per built-in workload, expected speed-up, advice.
 $S evaluate --limit 1 --draft-lengths 2,4,8,16 --max-tokens 64 --output-dir "$OUT/evaluate"

@@ -6,12 +6,14 @@
 #   scripts/gpu-check.sh --output-dir DIR --device cpu --tiny --threads 1   # the CPU dry run (seconds)
 #   further options: --budget-seconds S (default 420), --shapes qwen2.5-1.5b, --dtype float16
 #
-# Runs from the repository tree: the device machine gets the tree, not an installed wheel, so src/ goes on
-# PYTHONPATH unless specserve (with this module) is importable already. Imports: the check needs only torch
-# and numpy (and the Python standard library) besides specserve's own modules; checked by running it with
-# nothing else on sys.path. Nothing has to be carried. Should a later edit bring pydantic, jinja2, httpx or
-# pyyaml into these import paths, their pure-Python wheels would have to be carried (and pip-installed with
-# --no-index) first: the device machine has no network.
+# Runs from the repository tree: the check is benchmarks/gpu_check.py (not in the wheel; found from the
+# repository root, the working directory here), and the device machine gets the tree, not an installed
+# wheel, so src/ goes on PYTHONPATH unless specserve is importable already. Imports: the check needs only
+# torch and numpy (and the Python standard library) besides specserve's own modules and benchmarks/gpu_check*
+# (benchmarks/__init__.py imports nothing); checked by running it with nothing else on sys.path. Nothing has
+# to be carried. Should a later edit bring pydantic, jinja2, httpx or pyyaml into these import paths, their
+# pure-Python wheels would have to be carried (and pip-installed with --no-index) first: the device machine
+# has no network.
 #
 # Exit status: 0 when every section ran, 1 when one failed (recorded in both files), 2 without CUDA.
 set -euo pipefail
@@ -22,9 +24,9 @@ if [[ -z "$PY" ]]; then
   elif command -v python3 >/dev/null; then PY=python3
   else PY=python; fi
 fi
-if ! "$PY" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("specserve.tools.measure.gpu_check") is None)' 2>/dev/null; then
+if ! "$PY" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("specserve.backends.torch") is None)' 2>/dev/null; then
   export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 fi
 GPU_CHECK_COMMAND="scripts/gpu-check.sh$(printf ' %q' "$@")"
 export GPU_CHECK_COMMAND
-exec "$PY" -m specserve.tools.measure.gpu_check "$@"
+exec "$PY" -m benchmarks.gpu_check "$@"

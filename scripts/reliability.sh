@@ -2,7 +2,7 @@
 # The reliability campaign of docs/RELIABILITY.md: schema fuzzing (long profile, tiny models, API keys and
 # the admin endpoint on), then the misbehaving-clients load on the default pair (64 clients, 10 minutes).
 # Writes docs/reliability/*.json (logs: *.log, not committed). Run on an otherwise idle machine (~12 minutes).
-# The soak is separate: python -m specserve.tools.reliability.soak (an hour).
+# The soak is separate: .venv/bin/python -m benchmarks.soak (an hour).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 S=.venv/bin/specserve
@@ -20,7 +20,7 @@ server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 until curl -sf "http://127.0.0.1:$PORT/ready" >/dev/null; do sleep 2; done
 rss_start=$(ps -o rss= -p "$server")
-.venv/bin/python -m specserve.tools.reliability.load --url "http://127.0.0.1:$PORT" --clients 64 \
+.venv/bin/python -m benchmarks.load --url "http://127.0.0.1:$PORT" --clients 64 \
   --duration "$DURATION" --output "$OUT/load.json" || status=$?
 rss_end=$(ps -o rss= -p "$server")
 echo "{\"rss_kib_start\": $rss_start, \"rss_kib_end\": $rss_end}" > "$OUT/load-memory.json"

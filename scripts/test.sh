@@ -4,9 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install.sh --dev
-# Habits enforced, not configured: a ruff or mypy (strict) error in src/ or tests/ fails the run.
-.venv/bin/ruff check src tests
-.venv/bin/ruff format --check src tests
+# Habits enforced, not configured: a ruff or mypy (strict) error in src/, tests/ or benchmarks/ fails the run.
+.venv/bin/ruff check src tests benchmarks
+.venv/bin/ruff format --check src tests benchmarks
 .venv/bin/mypy
 .venv/bin/specserve models pull
 .venv/bin/python -m pytest "$@"

@@ -149,6 +149,55 @@ def test_the_checks_catch_what_they_forbid() -> None:
     assert any(set(found) == cycle for found in import_cycles(graph))
 
 
+def benchmark_imports(source: str, filename: str = "<source>") -> list[str]:
+    """The modules of the repository's ``benchmarks`` package (the measurement harnesses outside the wheel)
+    that ``source`` imports, at any depth; ``importlib.import_module("benchmarks…")`` counts too."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found += [node.module or ""]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, (ast.Attribute, ast.Name))
+            and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id)
+            in ("import_module", "__import__")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            found.append(node.args[0].value)
+    return [name for name in found if name == "benchmarks" or name.startswith("benchmarks.")]
+
+
+def test_the_package_never_imports_benchmarks() -> None:
+    """benchmarks/ may import specserve, never the reverse: it is not in the wheel."""
+    found = [
+        f"{_module_name(path)} -> {name}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for name in benchmark_imports(path.read_text(), str(path))
+    ]
+    assert not found, "specserve imports the repository's benchmarks/ (not in the wheel):\n" + "\n".join(
+        found
+    )
+
+
+def test_the_benchmarks_check_catches_what_it_forbids() -> None:
+    source = """
+import benchmarks
+import benchmarks_extra, os
+from benchmarks.exact_cost import main
+from . import benchmarks as local_room
+def later():
+    from benchmarks import harness
+    import importlib
+    importlib.import_module("benchmarks.gpu_check")
+"""
+    found = sorted(benchmark_imports(source))
+    assert found == ["benchmarks", "benchmarks", "benchmarks.exact_cost", "benchmarks.gpu_check"]
+
+
 @pytest.mark.parametrize(
     "module",
     ["specserve.cli", "specserve.server.app", "specserve.engine.builder", "specserve.tools.commands"],

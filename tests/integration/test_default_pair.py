@@ -36,7 +36,7 @@ def engine() -> Iterator[SpeculativeEngine]:
         pytest.skip("default models not pulled (run: specserve models pull)")
     settings = Settings(drafter="draft-model", draft_policy="fixed", num_draft_tokens=6, draft_p_min=0.0)
     built, report = build_engine(dataclasses.replace(settings, max_running=2))
-    assert report.drafters == ["ngram", "draft-model"]
+    assert report.drafters == ["ngram", "suffix", "draft-model"]
     assert isinstance(built.policy, FixedLengthPolicy)
     yield built
     built.close()

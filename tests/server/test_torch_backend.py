@@ -46,7 +46,7 @@ def complete(client: openai.OpenAI, prompt: str = PROMPT, **extra: Any) -> Any:
 def test_ready_with_both_drafters(torch_server: ServerProcess) -> None:
     ready = httpx.get(f"{torch_server.url}/ready").json()
     assert ready["status"] == "ready"
-    assert set(ready["drafters"]) == {"ngram", "draft-model"}
+    assert set(ready["drafters"]) == {"ngram", "suffix", "draft-model"}
     assert ready["runtime"]["logits"] == "torch:cpu" and "torch" in ready["runtime"]["description"]
     assert ready["exactness"]["mode"] == "batch-invariant"
 

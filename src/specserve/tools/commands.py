@@ -22,6 +22,18 @@ from specserve.tools.workloads import ToolInputError
 TOOL_DEPENDENCIES = ("httpx", "scipy", "matplotlib")
 """What the ``tools`` extra installs (pyproject.toml)."""
 
+MOVED_BENCH_FLAGS: dict[str, tuple[str, str]] = {
+    "--exact-cost": ("benchmarks.exact_cost", ""),
+    "--stock-lib": ("benchmarks.exact_cost --stock-lib DIR", "DIR"),
+    "--vs-llama-bench": ("benchmarks.llama_bench --vs-llama-bench PATH", "PATH"),
+    "--fresh-process": ("benchmarks.fresh_generate", ""),
+    "--paired": ("benchmarks.fresh_generate --paired", ""),
+    "--grammar-cost": ("benchmarks.grammar_cost", ""),
+}
+"""``specserve bench`` flags of measurements that moved to the repository's benchmarks/ (outside the
+wheel): flag → (its command now, after ``python -m``; the flag's value, if it takes one). Each is still
+parsed, so that giving it fails with a line naming the command instead of doing something else."""
+
 
 def add_subcommands(sub: Any) -> None:
     """``bench``, ``verify`` and ``evaluate`` under the ``specserve`` parser's subcommands."""
@@ -67,11 +79,6 @@ def _add_bench(sub: Any) -> None:
     engine.add_argument("--modes", default="plain,ngram,draft-model,auto", help="Comma-separated modes.")
     engine.add_argument("--kinds", default=None, help="Comma-separated prompt kinds (default: all).")
     engine.add_argument(
-        "--grammar-cost",
-        action="store_true",
-        help="Per-token cost of the grammar engine (llguidance; xgrammar beside it when installed).",
-    )
-    engine.add_argument(
         "--structured",
         action="store_true",
         help="The schema-constrained workloads (JSON Schema per prompt): grammar-forced share, grammar cost.",
@@ -82,38 +89,11 @@ def _add_bench(sub: Any) -> None:
         default=1,
         help="Rounds over the prompts (mode order reversed every other round).",
     )
-    engine.add_argument(
-        "--exact-cost",
-        action="store_true",
-        help="Only measure exact vs fast mode decode cost per call size (each mode a fresh process per "
-        "round; --repeats rounds, at least 3).",
-    )
-    engine.add_argument(
-        "--stock-lib",
-        default=None,
-        metavar="DIR",
-        help="With --exact-cost: also time a stock llama.cpp build's shared libraries in DIR (e.g. the bin/ "
-        "of scripts/build-stock-llama.sh), so exact mode is priced against unpatched kernels.",
-    )
-    engine.add_argument(
-        "--fresh-process",
-        action="store_true",
-        help="Only compare plain with auto, every (prompt, mode) a fresh `specserve generate` process, as a "
-        "user's first request sees it (--repeats rounds, at least 2).",
-    )
-    engine.add_argument(
-        "--paired",
-        action="store_true",
-        help="With --fresh-process: both modes in one fresh process per round, order alternating (the "
-        "ratio then carries no drift between processes).",
-    )
-    engine.add_argument(
-        "--vs-llama-bench",
-        default=None,
-        metavar="PATH",
-        help="Only compare plain decoding (pp, tg) with this llama-bench binary, rounds interleaved "
-        "(--repeats rounds).",
-    )
+    for flag, (_, takes) in MOVED_BENCH_FLAGS.items():  # not features: a one-line error, absent from --help
+        if takes:
+            engine.add_argument(flag, default=None, metavar=takes, help=argparse.SUPPRESS)
+        else:
+            engine.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
     engine.add_argument("--config", default=None)
     add_arguments(bench, ENGINE_GROUPS)
     bench.set_defaults(handler=_bench)
@@ -218,6 +198,12 @@ def require_tools(command: str) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    for flag, (command, _) in MOVED_BENCH_FLAGS.items():
+        if getattr(args, flag[2:].replace("-", "_")) not in (None, False):
+            raise ToolInputError(
+                f"{flag} moved out of specserve bench: run `python -m {command}` from the repository root "
+                "of a specserve checkout (benchmarks/)"
+            )
     require_tools("bench")
     if args.in_process == bool(args.url):
         raise ToolInputError("give either --url BASE_URL or --in-process")

@@ -23,11 +23,11 @@ def test_verify_in_process_passes(
     assert code == 0, err
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["passed"] is True and report["unit"] == "token ids"
-    assert report["arms"] == ["ngram", "draft-model"]
-    assert report["greedy"]["equal"] == report["greedy"]["total"] == 4  # 2 prompts x 2 drafters
+    assert report["arms"] == ["ngram", "suffix", "draft-model"]
+    assert report["greedy"]["equal"] == report["greedy"]["total"] == 6  # 2 prompts x 3 drafters
     assert all(c["divergence"] is None for c in report["greedy"]["cases"])
     sampled = report["sampled"]
-    assert sampled["tests"] == 2 * 2 * 2  # prompts x drafters x positions
+    assert sampled["tests"] == 2 * 3 * 2  # prompts x drafters x positions
     for case in sampled["cases"]:
         assert case["samples"] == 12
         assert case["plain_loglik"] < 0 and case["spec_loglik"] < 0
@@ -74,7 +74,7 @@ def test_evaluate_recommends_a_configuration(
     assert code == 0, err
     report = json.loads((tmp_path / "report.json").read_text())
     assert set(report["workloads"]) == {"qa", "code-edit"}
-    labels = {"plain", "auto", *(f"{d} k={k}" for d in ("ngram", "draft-model") for k in (1, 4, 8))}
+    labels = {"plain", "auto", *(f"{d} k={k}" for d in ("ngram", "suffix", "draft-model") for k in (1, 4, 8))}
     assert not any("run as" in n for n in report["notes"])  # batch-invariant exact mode caps no draft length
     for section in [*report["workloads"].values(), report["overall"]]:
         assert set(section["configs"]) == labels

@@ -122,33 +122,3 @@ def render_markdown(data: dict[str, Any], command: str, structured: bool = False
     if data.get("notes"):
         out += ["", *[f"- {n}" for n in data["notes"]]]
     return "\n".join(out) + "\n"
-
-
-def render_exact_cost(data: dict[str, Any], command: str) -> str:
-    stock = data.get("stock_lib")
-    out = [
-        "## Exact mode cost",
-        "",
-        f"Command: `{command}`",
-        "",
-        f"Median ms per target decode call, exact mode (`{data['exactness']}`) vs fast mode (`--no-exact`, "
-        "the same build)"
-        + (f" and vs a stock llama.cpp build (`{stock}`, fast mode)" if stock else "")
-        + f"; each arm a fresh process per round, {data['rounds']} rounds, order rotating (median over "
-        "rounds of each round's median):",
-        "",
-        "| tokens in the call | exact ms | fast ms | exact / fast |"
-        + (" stock ms | exact / stock |" if stock else ""),
-        "|---|---|---|---|" + ("---|---|" if stock else ""),
-    ]
-    for n, row in data["calls"].items():
-        exact = row["exact_ms"]
-        line = f"| {n} | {exact:.1f} | {row['fast_ms']:.1f} | {exact / row['fast_ms']:.2f} |"
-        if stock:
-            line += f" {row['stock_ms']:.1f} | {exact / row['stock_ms']:.2f} |"
-        out.append(line)
-    starts = {mode: sorted({str(t) for t in runs}) for mode, runs in data.get("tiled_min_batch", {}).items()}
-    if starts:
-        listed = "; ".join(f"{mode}: {', '.join(values)}" for mode, values in starts.items())
-        out += ["", f"Tiled K-quant kernel from (rows, per process; None: the build cannot say): {listed}."]
-    return "\n".join(out) + "\n"

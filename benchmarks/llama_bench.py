@@ -13,6 +13,13 @@ llama-bench defines them) and then the same two tests on specserve's runtimes:
 Every side runs in a fresh process, as llama-bench does, in an order rotated every round. Ratios are per
 round (specserve / llama-bench) and the report gives their median, so a slow moment of the machine hits
 both sides of a ratio.
+
+    python -m benchmarks.llama_bench --vs-llama-bench PATH [--repeats N] [--output-dir DIR] [engine flags]
+
+(formerly ``specserve bench --in-process --vs-llama-bench PATH``) writes ``DIR/llama_bench.json`` and
+``.md``: ``--repeats`` rounds, the target and threads of the engine flags. One specserve side of a round, in
+the fresh process this starts, is ``python -m benchmarks.llama_bench --side MODEL EXACT THREADS N_PROMPT
+N_GEN SEED``: it prints one JSON line.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.fresh_process import run_json_module
+from benchmarks.harness import command_line, engine_flags, engine_parser, parse, run, settings_of, threads_of
 from specserve.backends.base import DecodeChunk, HostRuntime
 from specserve.engine.builder import flat_costs
 from specserve.engine.cost_model import CostModel
@@ -35,9 +44,11 @@ from specserve.engine.draft_policy import FixedLengthPolicy
 from specserve.engine.engine import SpeculativeEngine
 from specserve.engine.options import EngineOptions
 from specserve.request import SamplingParams
-from specserve.tools.measure.fresh_process import run_json_module
 
 SIDES = ("llama-bench", "runtime exact", "runtime fast", "engine plain")
+MODULE = "benchmarks.llama_bench"
+SIDE = "--side"
+"""The first argument of one side's process (see ``_side_in_subprocess``)."""
 
 
 def run_llama_bench(binary: Path, model: str, threads: int, n_prompt: int, n_gen: int) -> dict[str, float]:
@@ -111,7 +122,7 @@ def _side_in_subprocess(
 ) -> dict[str, Any]:
     """``measure_side`` in a fresh process, as llama-bench runs in one (see ``fresh_process``)."""
     args = [model_path, str(int(exact)), str(threads), str(n_prompt), str(n_gen), str(seed)]
-    return run_json_module("specserve.tools.measure.llama_bench", args)
+    return run_json_module(MODULE, [SIDE, *args])
 
 
 def compare_with_llama_bench(
@@ -178,7 +189,36 @@ def render_llama_peer(data: dict[str, Any], command: str) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # one side of a round (see _side_in_subprocess)
-    model, exact, threads, n_prompt, n_gen, seed = sys.argv[1:7]
-    side = measure_side(model, exact == "1", int(threads), int(n_prompt), int(n_gen), int(seed))
-    print(json.dumps(side))
+def main(argv: list[str]) -> int:
+    if argv[:1] == [SIDE]:  # one side of a round (see _side_in_subprocess)
+        model, exact, threads, n_prompt, n_gen, seed = argv[1:7]
+        side = measure_side(model, exact == "1", int(threads), int(n_prompt), int(n_gen), int(seed))
+        print(json.dumps(side))
+        return 0
+    from specserve.tools.measure.engine_bench import resolve_model
+    from specserve.tools.output import progress, write_report
+
+    parser = engine_parser(MODULE, __doc__)
+    parser.add_argument(
+        "--vs-llama-bench",
+        required=True,
+        metavar="PATH",
+        help="The llama-bench binary to compare plain decoding (pp, tg) with, rounds interleaved "
+        "(--repeats rounds).",
+    )
+    engine_flags(parser)
+    args = parse(parser, argv)
+    settings = settings_of(args)
+    data = compare_with_llama_bench(
+        resolve_model(settings, settings.target),
+        Path(args.vs_llama_bench),
+        threads=threads_of(settings),
+        rounds=max(args.repeats, 1),
+        progress=progress,
+    )
+    write_report(args.output_dir, data, render_llama_peer(data, command_line(MODULE, argv)), "llama_bench")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(MODULE, main))

@@ -1,11 +1,12 @@
-"""``specserve bench --in-process --exact-cost`` pieces on the tiny models."""
+"""``python -m benchmarks.exact_cost`` (formerly ``bench --in-process --exact-cost``) on the tiny models."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from specserve.tools.measure.engine_report import render_exact_cost
-from specserve.tools.measure.exact_cost import measure_exact_cost, time_calls
+from bench_env import isolated_env  # noqa: F401  (autouse)
+
+from benchmarks.exact_cost import measure_exact_cost, render_exact_cost, time_calls
 from support.tiny_models import TinyModels
 
 
@@ -20,7 +21,7 @@ def test_each_mode_runs_in_its_own_processes(tiny_models: TinyModels) -> None:
     assert data["exactness"] == "batch-invariant" and data["rounds"] == 2
     assert set(data["calls"]) == {"1", "8"}
     assert all(row["exact_ms"] > 0 and row["fast_ms"] > 0 for row in data["calls"].values())
-    text = render_exact_cost(data, "specserve bench --in-process --exact-cost")
+    text = render_exact_cost(data, "python -m benchmarks.exact_cost")
     assert "| 8 |" in text and "2 rounds" in text
 
 
@@ -33,5 +34,5 @@ def test_a_stock_build_is_a_third_arm_in_its_own_processes(tiny_models: TinyMode
     data = measure_exact_cost(str(tiny_models.target), 1, rounds=3, sizes=(1, 4), repeats=1, stock_lib=lib)
     assert data["stock_lib"] == lib
     assert all(row["stock_ms"] > 0 for row in data["calls"].values())
-    text = render_exact_cost(data, "specserve bench --in-process --exact-cost --stock-lib DIR")
+    text = render_exact_cost(data, "python -m benchmarks.exact_cost --stock-lib DIR")
     assert "exact / stock" in text and "| 4 |" in text

@@ -1,4 +1,4 @@
-"""``python -m specserve.tools.reliability.load``: many misbehaving clients against one server, then an audit.
+"""``python -m benchmarks.load``: many misbehaving clients against one server, then an audit.
 
 Clients (``--clients``, 64 by default) loop for ``--duration`` seconds, each request drawn at random:
 
@@ -253,7 +253,7 @@ _PROMPTS = _prompts()
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specserve.tools.reliability.load", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.load", description=__doc__)
     parser.add_argument("--url", required=True)
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--duration", type=float, default=600.0)

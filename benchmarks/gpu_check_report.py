@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.gpu_check_models import weight_bytes_read
 from specserve.backends.torch.model import Decoder
-from specserve.tools.measure.gpu_check_models import weight_bytes_read
 
 SECTIONS = ("plain", "verify", "oracle", "exact")
 

@@ -1,7 +1,7 @@
 """A fresh process's first speculative request under the default policy, and the same prompt plainly, in
 that process.
 
-``specserve bench --in-process --fresh-process --paired`` runs this once per prompt and round. Two fresh
+``python -m benchmarks.fresh_generate --paired`` runs this once per prompt and round. Two fresh
 processes (fresh_generate.py's unpaired comparison) also differ by this VM's drift between processes (up
 to ±20 %), which hides a policy's loss of a few per cent; here both decodes run seconds apart in one
 process, so their ratio is what the policy did to a first request: no acceptance history, the cost table
@@ -10,7 +10,7 @@ first pass over the weights; the order of the two alternates by round (``--plain
 second decode of a process ran a few per cent faster than the first in an auto-first run. Plain decoding
 drafts nothing, so auto's request is the first the policy sees drafts for either way.
 
-    python -m specserve.tools.measure.fresh_pair --prompt TEXT --max-tokens N [--plain-first] [engine flags]
+    python -m benchmarks.fresh_pair --prompt TEXT --max-tokens N [--plain-first] [engine flags]
 
 prints one JSON object: ``{"auto": result, "plain": result}``, each as ``specserve generate --json`` would,
 auto's with ``within_request`` added: what its speculative steps cost against the plain steps of the same
@@ -96,7 +96,7 @@ def main(argv: Sequence[str]) -> int:
     from specserve.engine.builder import build_engine
     from specserve.request import SamplingParams
 
-    parser = argparse.ArgumentParser(prog="python -m specserve.tools.measure.fresh_pair")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.fresh_pair")
     parser.add_argument("--prompt", required=True, help="A user message (the chat template is applied).")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--plain-first", action="store_true", help="Decode plainly first, then under auto.")

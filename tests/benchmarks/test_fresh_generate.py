@@ -1,14 +1,16 @@
-"""``specserve bench --in-process --fresh-process`` on the tiny models: every run a new generate process."""
+"""``python -m benchmarks.fresh_generate`` on the tiny models: every run a new generate process."""
 
 from __future__ import annotations
 
-from specserve.config import Settings
-from specserve.tools.measure.fresh_generate import (
+from bench_env import isolated_env  # noqa: F401  (autouse)
+
+from benchmarks.fresh_generate import (
     generate_args,
     measure_fresh_generate,
     render_fresh_generate,
 )
-from specserve.tools.measure.fresh_pair import DecodeStep, within_request
+from benchmarks.fresh_pair import DecodeStep, within_request
+from specserve.config import Settings
 from support.tiny_models import TinyModels
 
 
@@ -21,7 +23,7 @@ def test_each_prompt_and_mode_is_a_fresh_generate_process(tiny_models: TinyModel
     assert len(row["plain_tok_s"]) == len(row["auto_tok_s"]) == len(row["ratios"]) == 2
     assert row["ratio"] > 0 and row["identical"]  # greedy: auto's output is plain's
     assert "--drafter" not in data["generate_args"] and "--threads" in data["generate_args"]
-    text = render_fresh_generate(data, "specserve bench --in-process --fresh-process")
+    text = render_fresh_generate(data, "python -m benchmarks.fresh_generate")
     assert "| howto |" in text and "Lowest ratio" in text
 
 
@@ -42,7 +44,7 @@ def test_paired_rounds_decode_both_modes_in_one_fresh_process(tiny_models: TinyM
     assert row["identical"] and row["tokens"] > 0  # auto's first request decoded what plain decoded
     assert all(x > 0 for x in row["plain_tok_s"] + row["auto_tok_s"])
     assert len(row["within_request"]) == 2 and all(0.0 < x < 10.0 for x in row["within_request"])
-    text = render_fresh_generate(data, "bench --fresh-process --paired")
+    text = render_fresh_generate(data, "python -m benchmarks.fresh_generate --paired")
     assert "first speculative request" in text and "Within request" in text
 
 

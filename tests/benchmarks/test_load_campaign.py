@@ -1,4 +1,4 @@
-"""The misbehaving-clients load campaign (``specserve.tools.reliability.load``), short, on the tiny pair.
+"""The misbehaving-clients load campaign (``benchmarks.load``), short, on the tiny pair.
 
 The full campaign (64 clients, 10 minutes, the real pair) is ``scripts/reliability.sh``; its figures are in
 docs/RELIABILITY.md. Here: 24 clients for 15 s with bursts past the queue, dropped and abandoned streams —
@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from bench_env import isolated_env  # noqa: F401  (autouse)
 
+from benchmarks.load import CampaignOptions, campaign
 from server.process import start_server, stop_server
-from specserve.tools.reliability.load import CampaignOptions, campaign
 from support.tiny_models import TinyModels
 
 

@@ -5,15 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from bench_env import isolated_env  # noqa: F401  (autouse)
 
-from specserve.backends.llama_cpp import LlamaCppRuntime
-from specserve.tools.measure.llama_bench import (
+from benchmarks.llama_bench import (
     SIDES,
     engine_tg,
     render_llama_peer,
     run_llama_bench,
     runtime_tests,
 )
+from specserve.backends.llama_cpp import LlamaCppRuntime
 from support.tiny_models import TinyModels
 
 
@@ -54,14 +55,14 @@ def test_report_lists_every_side_with_ratios() -> None:
             "engine plain": {"tg": 0.97},
         },
     }
-    text = render_llama_peer(data, "specserve bench --in-process --vs-llama-bench x")
+    text = render_llama_peer(data, "python -m benchmarks.llama_bench --vs-llama-bench x")
     for side in SIDES:
         assert f"| {side} |" in text
     assert "| engine plain | – | 29.1 | – | 0.970 |" in text and "`batch-invariant`" in text
 
 
 def test_a_side_runs_in_its_own_process(tiny_models: TinyModels) -> None:
-    from specserve.tools.measure.llama_bench import _side_in_subprocess
+    from benchmarks.llama_bench import _side_in_subprocess
 
     side = _side_in_subprocess(str(tiny_models.target), True, 1, 32, 8, 0)
     assert side["exactness"] == "batch-invariant"

@@ -1,4 +1,4 @@
-"""``specserve bench --in-process --grammar-cost``: what a grammar engine costs per token on this CPU.
+"""``python -m benchmarks.grammar_cost``: what a grammar engine costs per token on this CPU.
 
 For each built-in structured workload (prompts/structured.jsonl: a JSON Schema and a valid example answer),
 the example is tokenized with the target's vocabulary and walked token by token as decoding walks it: the
@@ -6,20 +6,29 @@ allowed-token mask of the position, then the token consumed. Reported per engine
 (cold, as for a schema seen the first time) and microseconds per token. llguidance is what specserve uses;
 xgrammar is measured beside it when installed (``pip install xgrammar``; it needs torch for its masks). The
 target's weights are not loaded: only its vocabulary.
+
+    python -m benchmarks.grammar_cost [--repeats N] [--output-dir DIR] [engine flags]
+
+(formerly ``specserve bench --in-process --grammar-cost``) writes ``DIR/grammar_cost.json`` and ``.md``: the
+best of at least 3 rounds, the vocabulary of the engine flags' ``--target``.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+from benchmarks.harness import command_line, engine_flags, engine_parser, parse, run, settings_of
 from specserve.request import GrammarSpec
 from specserve.structured.grammar import JSON_OPTIONS, GrammarCompiler
 from specserve.structured.tokenizer import eog_ids
 from specserve.tools.workloads import builtin_rows
+
+MODULE = "benchmarks.grammar_cost"
 
 
 def measure_grammar_cost(target: str, rounds: int = 3) -> dict[str, Any]:
@@ -122,3 +131,20 @@ def render_grammar_cost(data: dict[str, Any], command: str) -> str:
         values = " | ".join(f"{cell[e]['us_per_token']:.1f} | {cell[e]['compile_ms']:.1f}" for e in engines)
         out.append(f"| {kind} | {cell['tokens']} | {values} |")
     return "\n".join(out) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    from specserve.tools.measure.engine_bench import resolve_model
+    from specserve.tools.output import write_report
+
+    parser = engine_parser(MODULE, __doc__)
+    engine_flags(parser)
+    args = parse(parser, argv)
+    settings = settings_of(args)
+    data = measure_grammar_cost(resolve_model(settings, settings.target), rounds=max(args.repeats, 3))
+    write_report(args.output_dir, data, render_grammar_cost(data, command_line(MODULE, argv)), "grammar_cost")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(MODULE, main))

@@ -1,6 +1,6 @@
 """The GPU check of the torch runtime: one bounded command that measures what a GPU session must know.
 
-``python -m specserve.tools.measure.gpu_check --output-dir DIR [--device cuda|cpu] [--tiny]`` (or
+``python -m benchmarks.gpu_check --output-dir DIR [--device cuda|cpu] [--tiny]`` (or
 ``scripts/gpu-check.sh``) writes ``DIR/gpu-check.json`` and ``DIR/gpu-check.md``, sections:
 
 * **plain**: one-token decode tokens/s at batch 1 and 8, the share of peak HBM bandwidth it reaches, CUDA
@@ -31,8 +31,7 @@ from typing import Any
 
 import torch
 
-from specserve.backends.torch.runtime import TorchRuntime, resolve_dtype
-from specserve.tools.measure.gpu_check_models import (
+from benchmarks.gpu_check_models import (
     SHAPES,
     TINY_SHAPES,
     Shape,
@@ -43,8 +42,8 @@ from specserve.tools.measure.gpu_check_models import (
     peak_bandwidth,
     random_decoder,
 )
-from specserve.tools.measure.gpu_check_oracle import oracle_runs
-from specserve.tools.measure.gpu_check_report import (
+from benchmarks.gpu_check_oracle import oracle_runs
+from benchmarks.gpu_check_report import (
     SECTIONS,
     Report,
     exact_section,
@@ -52,7 +51,8 @@ from specserve.tools.measure.gpu_check_report import (
     render,
     verify_section,
 )
-from specserve.tools.measure.gpu_check_timing import CallSpec, call_costs, decode_steps
+from benchmarks.gpu_check_timing import CallSpec, call_costs, decode_steps
+from specserve.backends.torch.runtime import TorchRuntime, resolve_dtype
 
 ROWS = (1, 2, 4, 8, 16)
 BATCHES = (1, 8)
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = base.scaled(min(3.0, max(0.2, args.budget_seconds / DEFAULT_BUDGET)))
     dtype = resolve_dtype(args.dtype, device)
     command = os.environ.get("GPU_CHECK_COMMAND") or shlex.join(
-        [sys.executable, "-m", "specserve.tools.measure.gpu_check", *(sys.argv[1:] if argv is None else argv)]
+        [sys.executable, "-m", "benchmarks.gpu_check", *(sys.argv[1:] if argv is None else argv)]
     )
     report = Report(
         args.output_dir,

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import torch
 
+from benchmarks.gpu_check import main
+from benchmarks.gpu_check_oracle import OracleDrafter
+from benchmarks.gpu_check_report import SECTIONS, plain_section, render, verify_section
 from specserve.request import PositionalUniforms, SamplingParams
 from specserve.sequence import Sequence
-from specserve.tools.measure.gpu_check import main
-from specserve.tools.measure.gpu_check_oracle import OracleDrafter
-from specserve.tools.measure.gpu_check_report import SECTIONS, plain_section, render, verify_section
 
 
 @pytest.fixture

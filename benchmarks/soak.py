@@ -1,7 +1,7 @@
-"""``python -m specserve.tools.reliability.soak``: one server under moderate load for long; does it leak?
+"""``python -m benchmarks.soak``: one server under moderate load for long; does it leak?
 
 Starts ``specserve serve`` with ``PYTHONTRACEMALLOC=1`` (and an admin key, for ``GET /admin/heap``), drives
-it with ``--clients`` clients of the load campaign's request mix (``tools.reliability.load``), and every
+it with ``--clients`` clients of the load campaign's request mix (``benchmarks.load``), and every
 ``--interval`` seconds samples the server process: resident memory, open file descriptors and threads from
 ``/proc``, and the Python heap traced by tracemalloc. Writes ``soak.json`` and ``soak.png``.
 
@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from specserve.tools.reliability.load import Tally, one_request
+from benchmarks.load import Tally, one_request
 
 ADMIN_KEY = "soak-admin"
 HOST_TIER_METRIC = 'specserve:prefix_cache_bytes{tier="host"}'
@@ -152,7 +152,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specserve.tools.reliability.soak", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__)
     parser.add_argument("--duration", type=float, default=3600.0)
     parser.add_argument("--warmup", type=float, default=300.0)
     parser.add_argument("--interval", type=float, default=60.0)

@@ -1,20 +1,32 @@
-"""``specserve bench --in-process --fresh-process``: plain vs the default policy, every run a new process.
+"""``python -m benchmarks.fresh_generate``: plain vs the default policy, every run a new process.
 
 A server's policy has a history (acceptance per drafter and bucket, a refined cost table); a user's
 ``specserve generate`` has none. This measures what that user sees: each (prompt, mode) is one fresh
 ``specserve generate --json --chat`` process, greedy, with the modes' order alternating round by round. Speed
 is the decode phase's tokens/s as ``generate`` reports it; a prompt's ratio is the median over rounds of
 auto / plain.
+
+    python -m benchmarks.fresh_generate [--paired] [--repeats N] [--max-tokens N] [--prompts FILE]
+        [--kinds K,…] [--limit N] [--output-dir DIR] [engine flags]
+
+(formerly ``specserve bench --in-process --fresh-process [--paired]``) writes ``DIR/fresh_process.json`` and
+``.md``: at least 2 rounds, the built-in first-request prompts unless ``--prompts`` (filtered by ``--kinds``
+and ``--limit``); ``--paired``: both modes in one fresh process per round (fresh_pair.py).
 """
 
 from __future__ import annotations
 
 import statistics
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from benchmarks.fresh_process import run_json_module
+from benchmarks.harness import command_line, engine_flags, engine_parser, parse, run, settings_of
 from specserve.config import Settings
-from specserve.tools.measure.fresh_process import run_json_module
+
+MODULE = "benchmarks.fresh_generate"
 
 MODE_ARGS = {"plain": ["--drafter", "none"], "auto": []}
 """Flags of each mode; auto is ``generate``'s defaults (cost policy over every loaded drafter)."""
@@ -41,7 +53,7 @@ def run_pair(prompt: str, max_tokens: int, args: list[str], plain_first: bool) -
     """One fresh process decoding ``prompt`` under auto and plainly (fresh_pair.py); both results."""
     order = ["--plain-first"] if plain_first else []
     command = ["--prompt", prompt, "--max-tokens", str(max_tokens), *order, *args]
-    return run_json_module("specserve.tools.measure.fresh_pair", command)
+    return run_json_module("benchmarks.fresh_pair", command)
 
 
 def measure_fresh_generate(
@@ -151,3 +163,42 @@ def render_fresh_generate(data: dict[str, Any], command: str) -> str:
             f"round: **{lowest:.3f}**.",
         ]
     return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    from specserve.tools.flags import sampling
+    from specserve.tools.measure.command import filter_prompts
+    from specserve.tools.output import progress, write_report
+    from specserve.tools.workloads import builtin_rows, read_jsonl
+
+    parser = engine_parser(MODULE, __doc__)
+    parser.add_argument(
+        "--paired",
+        action="store_true",
+        help="Both modes in one fresh process per round, order alternating (the ratio then carries no "
+        "drift between processes).",
+    )
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--prompts", default=None, help="JSONL of {prompt, kind} (default: built-in).")
+    parser.add_argument("--kinds", default=None, help="With --prompts: comma-separated prompt kinds.")
+    parser.add_argument("--limit", type=int, default=None, help="With --prompts: prompts per kind.")
+    engine_flags(parser)
+    args = parse(parser, argv)
+    settings = settings_of(args)
+    sampling(max_tokens=args.max_tokens)  # checked before any process starts
+    # Default prompts: first requests of kinds the engine workloads do not cover (tools/prompts/).
+    if args.prompts:
+        prompts = filter_prompts(read_jsonl(Path(args.prompts)), args.kinds, args.limit)
+    else:
+        prompts = builtin_rows("first-request")
+    data = measure_fresh_generate(
+        settings, prompts, args.max_tokens, rounds=max(args.repeats, 2), progress=progress, paired=args.paired
+    )
+    write_report(
+        args.output_dir, data, render_fresh_generate(data, command_line(MODULE, argv)), "fresh_process"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(MODULE, main))

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.gpu_check_timing import context_tokens, warm_shapes
 from specserve.drafters.base import Drafter, DraftOption, Proposal
 from specserve.engine.builder import flat_costs
 from specserve.engine.cost_model import CostModel, StepCostTable, calibrate
@@ -32,7 +33,6 @@ from specserve.engine.engine import SpeculativeEngine
 from specserve.engine.options import EngineOptions
 from specserve.request import SamplingParams
 from specserve.sequence import Sequence
-from specserve.tools.measure.gpu_check_timing import context_tokens, warm_shapes
 
 COST_POLICY_MARGIN = 0.03
 """The cost policy's margin over plain decoding, as the server uses it (builder.DEFAULT_MARGIN; the builder
