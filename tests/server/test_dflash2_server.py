@@ -40,7 +40,7 @@ def server(tiny_models: TinyModels, tmp_path_factory: pytest.TempPathFactory) ->
 
 def test_dflash2_is_loaded_and_selected_per_request(server: ServerProcess) -> None:
     ready = httpx.get(f"{server.url}/ready").json()
-    assert set(ready["drafters"]) == {"ngram", "dflash2"}
+    assert set(ready["drafters"]) == {"ngram", "suffix", "dflash2"}
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=60)
 
     def complete(speculative: dict[str, object]) -> openai.types.Completion:
