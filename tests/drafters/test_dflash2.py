@@ -21,12 +21,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from scipy.stats import chisquare  # noqa: E402
 
 from specserve.backends.base import DecodeChunk  # noqa: E402
 from specserve.chat import chat_prompt_ids  # noqa: E402
@@ -34,7 +32,7 @@ from specserve.config import DrafterChoice, Settings  # noqa: E402
 from specserve.engine.builder import LoadedModels, load_models, open_runtime  # noqa: E402
 from specserve.errors import UserError  # noqa: E402
 from specserve.request import SamplingParams  # noqa: E402
-from specserve.verify import filter_logits_to_probs  # noqa: E402
+from support.distribution import assert_follows, exact_pairs  # noqa: E402
 from support.tiny_models import TinyModels  # noqa: E402
 
 SOURCE = Path(__file__).parents[2] / "src" / "specserve"
@@ -162,30 +160,12 @@ def test_block_size_setting_cuts_the_block(models: LoadedModels) -> None:
     drafter.release(seq)
 
 
-def exact_pairs(
-    models: LoadedModels, prompt: list[int], knobs: dict[str, Any]
-) -> dict[tuple[int, int], float]:
-    """P(t1, t2) of the target with the knobs applied, from its own logits (slot 15, then freed)."""
-    target, slot = models.target, 15
-    probs: dict[tuple[int, int], float] = {}
-    first = target.decode([DecodeChunk(slot, prompt, 0, 1)])
-    p1 = filter_logits_to_probs(first[0].float().numpy(), **knobs)[0]
-    for t1 in np.nonzero(p1)[0]:
-        target.truncate(slot, len(prompt))
-        second = target.decode([DecodeChunk(slot, [int(t1)], len(prompt), 1)])
-        p2 = filter_logits_to_probs(second[0].float().numpy(), **knobs)[0]
-        for t2 in np.nonzero(p2)[0]:
-            probs[(int(t1), int(t2))] = float(p1[t1] * p2[t2])
-    target.free(slot)
-    return probs
-
-
 def test_sampled_output_follows_the_target_distribution(models: LoadedModels) -> None:
     # A prompt of the drafter's training kind and a peaked target: drafts are often accepted, and often
     # not, so both branches of rejection sampling (and the residual) are exercised.
     knobs: dict[str, Any] = {"temperature": 0.5, "top_k": 3, "top_p": 0.9}
     prompt = chat_prompt_ids(models.target, [{"role": "user", "content": training_prompts()[7]}])
-    expected = exact_pairs(models, prompt, knobs)
+    expected = exact_pairs(models.target, 15, prompt, knobs)  # slot 15: none of the engine's
     engine = models.engine(
         drafters=("dflash2",), policy=models.policy("fixed"), num_draft_tokens=3, prefix_cache=True
     )
@@ -199,18 +179,7 @@ def test_sampled_output_follows_the_target_distribution(models: LoadedModels) ->
     stats = engine.stats
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens  # both branches of rejection sampling
     counts = Counter((tokens[0], tokens[1]) for tokens in produced.values())
-    assert set(counts) <= set(expected)
-    cells = sorted(expected)
-    observed = np.array([counts.get(c, 0) for c in cells], dtype=np.float64)
-    wanted = np.array([expected[c] for c in cells]) * n
-    keep = wanted >= 5  # chi-square needs expected counts of at least 5; the rest pooled
-    observed = np.append(observed[keep], observed[~keep].sum())
-    wanted = np.append(wanted[keep], wanted[~keep].sum())
-    if wanted[-1] == 0:
-        observed, wanted = observed[:-1], wanted[:-1]
-    wanted *= observed.sum() / wanted.sum()
-    assert chisquare(observed, wanted).pvalue > 1e-3
-    assert 0.5 * np.abs(observed - wanted).sum() / n < 0.03
+    assert_follows(counts, expected, n, max_tv=0.03)
 
 
 def test_runtime_failure_degrades_to_plain(models: LoadedModels, monkeypatch: pytest.MonkeyPatch) -> None:

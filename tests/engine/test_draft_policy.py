@@ -328,9 +328,9 @@ def test_a_confident_estimate_drafts_long_and_a_weak_one_drafts_nothing() -> Non
 
 
 def test_expected_tokens_follow_the_estimate_and_its_calibration() -> None:
-    plan = DraftPlan(StubDrafter(DraftOption(3)), 3, "b", 1.0, 0, (0.5, 0.5, 1.0))
+    plan = DraftPlan(StubDrafter(DraftOption(3)), 3, "b", token_probs=(0.5, 0.5, 1.0), scale=1.0)
     assert plan.expected_tokens() == pytest.approx(1 + 0.5 + 0.25 + 0.25)
-    halved = DraftPlan(StubDrafter(DraftOption(3)), 3, "b", 0.5, 0, (0.5, 0.5, 1.0))
+    halved = DraftPlan(StubDrafter(DraftOption(3)), 3, "b", token_probs=(0.5, 0.5, 1.0), scale=0.5)
     assert halved.expected_tokens() == pytest.approx(1 + 0.5)
 
 
@@ -340,13 +340,13 @@ def test_an_overconfident_drafter_is_calibrated_down_by_its_outcomes() -> None:
     policy = CostAwarePolicy(CostModel(curve), budget=SpeculationBudget(allowance_steps=100.0))
     probs = (0.95,) * 8
     first = policy.plan([make_seq("a")], [suffix_option(probs)])[0]
-    assert first.num_tokens >= 6 and first.alpha == pytest.approx(1.0)
+    assert first.num_tokens >= 6 and first.scale == pytest.approx(1.0)
     for i in range(30):
         seq = make_seq(f"r{i}")
         plan = policy.plan([seq], [suffix_option(probs)])[0]
         if plan.drafter is not None:
             policy.observe(seq, plan, 1)
     later = policy.plan([make_seq("new")], [suffix_option(probs)])[0]
-    assert later.drafter is None or later.alpha < 0.3
+    assert later.drafter is None or later.scale < 0.3
     scale = policy.acceptance.scale(make_seq("new"), "stub", "match<=8")
     assert scale < 0.3

@@ -53,6 +53,16 @@ class Proposal:
     draft_probs: npt.NDArray[np.float64] | Any = None
 
 
+def estimated_accepted(token_probs: Seq[float]) -> float:
+    """Expected accepted drafts under per-token conditional estimates (``DraftOption.token_probs``): the
+    sum of their running products."""
+    total, cumulative = 0.0, 1.0
+    for p in token_probs:
+        cumulative *= p
+        total += cumulative
+    return total
+
+
 class Drafter(ABC):
     """Base class of all drafters."""
 

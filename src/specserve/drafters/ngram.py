@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from specserve.drafters.base import Drafter, DraftOption, Proposal
 from specserve.drafters.registry import DrafterContext
+from specserve.drafters.suffix_index import index_continuations
 from specserve.sequence import Sequence
 
 _BUCKET_EDGES = (2, 4, 8, 16)  # match length buckets: <=2, 3-4, 5-8, 9-16, 17+
@@ -38,12 +39,7 @@ class _NgramIndex:
     match_start: int = -1  # where the continuation of the last lookup starts (-1: none)
 
     def update(self, tokens: list[int]) -> None:
-        n = self.min_n
-        # An n-gram is indexed by the position just after it, once that position holds a token: the n-gram
-        # at the very end is the query itself and has no continuation yet.
-        for end in range(max(self.indexed, n), len(tokens)):
-            self.positions.setdefault(tuple(tokens[end - n : end]), []).append(end)
-        self.indexed = max(self.indexed, len(tokens))
+        self.indexed = index_continuations(self.positions, tokens, self.indexed, self.min_n)
 
 
 class NgramDrafter(Drafter):

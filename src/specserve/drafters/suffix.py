@@ -101,12 +101,11 @@ class SuffixDrafter(Drafter):
         context = state.doc.tokens
         key = tuple(context[-KEY_LEN:])
         found: list[Occurrence] = []
-        own = state.doc.occurrences(key, OCCURRENCES_PER_DOCUMENT, start=0)
-        docs = [(state.doc, own), *((d, None) for d in self.cache.documents(state.tenant, request_id))]
-        for doc, positions in docs:
-            if positions is None:
-                positions = doc.occurrences(key, OCCURRENCES_PER_DOCUMENT)
-            for pos in positions[: MAX_OCCURRENCES - len(found)]:
+        for doc in (state.doc, *self.cache.documents(state.tenant, request_id)):
+            start = 0 if doc is state.doc else None  # its own prompt too; others' outputs only
+            for pos in doc.occurrences(
+                key, min(OCCURRENCES_PER_DOCUMENT, MAX_OCCURRENCES - len(found)), start
+            ):
                 found.append(Occurrence(doc, pos, match_length(context, doc, pos, self.depth)))
             if len(found) >= MAX_OCCURRENCES:
                 break

@@ -25,8 +25,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specserve.drafters.base import estimated_accepted
+
 MATCH_HALF = 3.5
 """The match length at which a copy is as likely followed as not (see the module docstring)."""
+
+
+def index_continuations(
+    positions: dict[tuple[int, ...], list[int]], tokens: list[int], indexed: int, key_len: int
+) -> int:
+    """Index the ``key_len``-grams of ``tokens`` not indexed yet (``tokens[:indexed]`` are) by the position
+    just after each; returns the new ``indexed``.
+
+    A key is indexed once the position after it holds a token: the key at the very end is the query itself
+    and has no continuation yet."""
+    for end in range(max(indexed, key_len), len(tokens)):
+        positions.setdefault(tuple(tokens[end - key_len : end]), []).append(end)
+    return max(indexed, len(tokens))
 
 
 @dataclass
@@ -47,12 +62,7 @@ class Document:
     def extend(self, new_tokens: list[int]) -> None:
         """Append tokens and index every key whose continuation is now known."""
         self.tokens.extend(new_tokens)
-        tokens, n = self.tokens, self.key_len
-        # A key is indexed by the position just after it once that position holds a token: the key at the
-        # very end is the query itself and has no continuation yet.
-        for end in range(max(self.indexed, n), len(tokens)):
-            self.positions.setdefault(tuple(tokens[end - n : end]), []).append(end)
-        self.indexed = max(self.indexed, len(tokens))
+        self.indexed = index_continuations(self.positions, self.tokens, self.indexed, self.key_len)
 
     def occurrences(self, key: tuple[int, ...], limit: int, start: int | None = None) -> list[int]:
         """Positions after the latest ``limit`` occurrences of ``key`` from ``start`` on (default:
@@ -103,12 +113,8 @@ class Walk:
 
     @property
     def score(self) -> float:
-        """Expected accepted tokens under the estimate (the sum of cumulative probabilities)."""
-        total, cumulative = 0.0, 1.0
-        for p in self.conditional:
-            cumulative *= p
-            total += cumulative
-        return total
+        """Expected accepted tokens under the estimate."""
+        return estimated_accepted(self.conditional)
 
 
 EMPTY_WALK = Walk((), (), 0)

@@ -21,7 +21,7 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
 from specserve.backends.base import one_call
-from specserve.drafters.base import Drafter, DraftOption
+from specserve.drafters.base import Drafter, DraftOption, estimated_accepted
 from specserve.engine.cost_model import CostModel
 from specserve.engine.speculation_budget import SpeculationBudget, StepTiming
 from specserve.sequence import Sequence
@@ -51,6 +51,7 @@ _GLOBAL_PRIOR_WEIGHT = 4.0
 _SEQ_PRIOR_WEIGHT = 3.0
 _GLOBAL_DECAY = 0.995
 _SEQ_DECAY = 0.8
+_SEQ_ESTIMATES_KEY = "_estimates"
 
 
 @dataclass(frozen=True)
@@ -65,14 +66,16 @@ class DraftPlan:
     setup_tokens: int = 0
     """Tokens a model drafter evaluates before its first guess (see DraftOption)."""
     token_probs: tuple[float, ...] = ()
-    """The drafter's own per-token estimate (DraftOption.token_probs), scaled by its calibration: then
-    ``alpha`` is that scale, not an acceptance rate."""
+    """The drafter's own per-token estimate (DraftOption.token_probs); when given, it prices the draft
+    instead of ``alpha``."""
+    scale: float = 1.0
+    """The calibration of ``token_probs``: accepted over predicted tokens (AcceptanceTracker.scale)."""
 
     def expected_tokens(self) -> float:
         """Tokens the verify step is expected to emit: accepted drafts plus the target's own."""
         if not self.token_probs:
             return expected_tokens(self.alpha, self.num_tokens)
-        return 1.0 + min(0.995 * self.num_tokens, self.alpha * estimated_accepted(self.token_probs))
+        return 1.0 + min(0.995 * self.num_tokens, self.scale * estimated_accepted(self.token_probs))
 
 
 @dataclass
@@ -99,9 +102,12 @@ class _Counts:
 
 @dataclass
 class AcceptanceTracker:
-    """Running acceptance estimates: global per (drafter, bucket), refined per request."""
+    """Running acceptance estimates: global per (drafter, bucket), refined per request; and, apart from
+    them, the calibration of drafters that estimate their own drafts."""
 
     global_counts: dict[tuple[str, str], _Counts] = field(default_factory=dict)
+    estimate_counts: dict[tuple[str, str], _Counts] = field(default_factory=dict)
+    """Per (drafter, bucket): drafts that carried the drafter's own estimate, with what it predicted."""
 
     def alpha(self, seq: Sequence, drafter: str, bucket: str) -> float:
         """Acceptance estimate: the global (drafter, bucket) posterior, refined by this request's record.
@@ -120,9 +126,9 @@ class AcceptanceTracker:
         """Calibration of a drafter's own estimate: how many tokens were accepted per token it predicted,
         globally per (drafter, bucket) from 1.0 (the estimate taken as it is), refined by this request's
         record. Kept apart from ``alpha``'s counts: the two measure different things."""
-        counts = self.global_counts.get((drafter, "~" + bucket), _Counts())
+        counts = self.estimate_counts.get((drafter, bucket), _Counts())
         global_scale = counts.scale(1.0, _GLOBAL_PRIOR_WEIGHT)
-        own = self._seq_counts(seq).get("~" + drafter, _Counts())
+        own = self._seq_counts(seq, _SEQ_ESTIMATES_KEY).get(drafter, _Counts())
         return min(own.scale(global_scale, _SEQ_PRIOR_WEIGHT), 2.0)
 
     def evidence(self, seq: Sequence, drafter: str, bucket: str) -> float:
@@ -162,16 +168,17 @@ class AcceptanceTracker:
         self._seq_counts(seq).setdefault(drafter, _Counts()).add(num_draft, num_accepted, _SEQ_DECAY)
         if token_probs:
             predicted = estimated_accepted(token_probs[:num_draft])
-            self.global_counts.setdefault((drafter, "~" + bucket), _Counts()).add(
+            self.estimate_counts.setdefault((drafter, bucket), _Counts()).add(
                 num_draft, num_accepted, _GLOBAL_DECAY, predicted
             )
-            self._seq_counts(seq).setdefault("~" + drafter, _Counts()).add(
+            self._seq_counts(seq, _SEQ_ESTIMATES_KEY).setdefault(drafter, _Counts()).add(
                 num_draft, num_accepted, _SEQ_DECAY, predicted
             )
 
     @staticmethod
-    def _seq_counts(seq: Sequence) -> dict[str, _Counts]:
-        counts = seq.drafter_state.setdefault("_acceptance", {})
+    def _seq_counts(seq: Sequence, key: str = "_acceptance") -> dict[str, _Counts]:
+        """The request's own counts per drafter (``key``: its acceptance record, or its estimates')."""
+        counts = seq.drafter_state.setdefault(key, {})
         assert isinstance(counts, dict)
         return counts
 
@@ -183,15 +190,6 @@ CallRows = Callable[[Seq[int]], list[int]]
 def expected_tokens(alpha: float, k: int) -> float:
     """Expected tokens emitted by a verify step with k drafts: accepted drafts plus one target token."""
     return sum(alpha**i for i in range(k + 1))
-
-
-def estimated_accepted(token_probs: Seq[float]) -> float:
-    """Expected accepted drafts under per-token conditional estimates: the sum of their running products."""
-    total, cumulative = 0.0, 1.0
-    for p in token_probs:
-        cumulative *= p
-        total += cumulative
-    return total
 
 
 class DraftLengthPolicy:
@@ -280,10 +278,10 @@ class CostAwarePolicy(DraftLengthPolicy):
             improved = False
             for s, seq in enumerate(seqs):
                 for drafter, option in options[s].values() if headroom[s] >= 0 else ():
-                    estimated = bool(option.token_probs)
-                    alpha = (self.acceptance.scale if estimated else self.acceptance.alpha)(
-                        seq, drafter.name, option.bucket
-                    )
+                    if option.token_probs:
+                        alpha, scale = 0.0, self.acceptance.scale(seq, drafter.name, option.bucket)
+                    else:
+                        alpha, scale = self.acceptance.alpha(seq, drafter.name, option.bucket), 1.0
                     seen = self.acceptance.evidence(seq, drafter.name, option.bucket)
                     proven = option.bucket in SURE_BUCKETS or self.acceptance.proven(seq, drafter.name)
                     trusted = seen >= TRUSTED_DRAFTS and proven
@@ -292,12 +290,16 @@ class CostAwarePolicy(DraftLengthPolicy):
                         limit = self.budget.risk_limit(headroom[s], one_step, plans[s].drafter is None)
                         if not trusted and self._rejection_cost(drafter, option, k) > limit:
                             break
-                        probs = option.token_probs[:k]
-                        trial = [
-                            *plans[:s],
-                            DraftPlan(drafter, k, option.bucket, alpha, option.setup_tokens, probs),
-                            *plans[s + 1 :],
-                        ]
+                        plan = DraftPlan(
+                            drafter,
+                            k,
+                            option.bucket,
+                            alpha,
+                            option.setup_tokens,
+                            option.token_probs[:k],
+                            scale,
+                        )
+                        trial = [*plans[:s], plan, *plans[s + 1 :]]
                         rate = self._rate(trial, prefill_rows, prefill_seconds)
                         # Leaving plain decoding needs a clear win: estimates are noisy.
                         needed = best * (1 + self.margin) if plans[s].drafter is None else best
