@@ -59,7 +59,7 @@ def test_corrupt_draft_model_starts_degraded_and_serves(tiny_models: TinyModels,
     proc = start_server(tiny_models, tmp_path, "--draft", str(corrupt), "--load-draft", "auto")
     try:
         ready = httpx.get(f"{proc.url}/ready").json()
-        assert ready["degraded"] is True and ready["drafters"] == ["ngram"]
+        assert ready["degraded"] is True and ready["drafters"] == ["ngram", "suffix"]
         assert any("truncated" in reason for reason in ready["degraded_reasons"])
         metrics = scrape(proc.url)
         assert (

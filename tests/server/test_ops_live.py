@@ -117,7 +117,8 @@ def test_metrics_after_requests_are_consistent(ops: ServerProcess) -> None:
     assert accepted == sum(s["num_accepted_tokens"] for s in stats) <= drafted
     per_pos = sum(delta("spec_decode_num_accepted_tokens_per_pos_total", position=str(i)) for i in range(64))
     assert per_pos == accepted
-    by_name = ("ngram", "draft-model", "grammar", "dflash2")  # per drafter: the totals, split by name
+    # per drafter: the totals, split by name
+    by_name = ("ngram", "suffix", "draft-model", "grammar", "dflash2")
     assert sum(delta("spec_decode_drafter_num_drafts_total", drafter=n) for n in by_name) == drafts
     assert sum(delta("spec_decode_drafter_num_draft_tokens_total", drafter=n) for n in by_name) == drafted
     assert sum(delta("spec_decode_drafter_num_accepted_tokens_total", drafter=n) for n in by_name) == accepted
