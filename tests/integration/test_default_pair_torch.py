@@ -115,7 +115,7 @@ def test_generate_on_both_backends_shares_a_long_prefix() -> None:
     assert common >= 8, (reference, ours["token_ids"])
     if common < 32:
         assert reference_margin(reference, common) < NEAR_TIE, (common, reference, ours["token_ids"])
-    assert ours["engine"]["drafters"] == ["ngram"]
+    assert ours["engine"]["drafters"] == ["ngram", "suffix"]
     # Exact mode (the default) was proved at load on the real target: no "exact mode is off" note.
     assert not any("exact mode is off" in note for note in ours["engine"]["notes"]), ours["engine"]["notes"]
 
