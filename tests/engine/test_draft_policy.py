@@ -12,6 +12,7 @@ from specserve.drafters.base import Drafter, DraftOption, Proposal
 from specserve.drafters.ngram import NgramDrafter
 from specserve.engine.cost_model import CostModel, StepCostTable
 from specserve.engine.draft_policy import (
+    MAX_ACCEPTANCE,
     PRIOR_ACCEPTANCE,
     CostAwarePolicy,
     DraftPlan,
@@ -328,14 +329,17 @@ def test_a_confident_estimate_drafts_long_and_a_weak_one_drafts_nothing() -> Non
 
 
 def test_expected_tokens_follow_the_estimate_and_its_calibration() -> None:
-    plan = DraftPlan(StubDrafter(DraftOption(3)), 3, "b", token_probs=(0.5, 0.5, 1.0), scale=1.0)
-    assert plan.expected_tokens() == pytest.approx(1 + 0.5 + 0.25 + 0.25)
-    halved = DraftPlan(StubDrafter(DraftOption(3)), 3, "b", token_probs=(0.5, 0.5, 1.0), scale=0.5)
-    assert halved.expected_tokens() == pytest.approx(1 + 0.5)
+    plan = DraftPlan(StubDrafter(DraftOption(3)), 3, "b", token_probs=(0.5, 0.5, 0.8), scale=1.0)
+    assert plan.expected_tokens() == pytest.approx(1 + 0.5 + 0.25 + 0.2)
+    halved = DraftPlan(StubDrafter(DraftOption(3)), 3, "b", token_probs=(0.5, 0.5, 0.8), scale=0.5)
+    assert halved.expected_tokens() == pytest.approx(1 + 0.25 + 0.25**2 + 0.25**2 * 0.4)
+    raised = DraftPlan(StubDrafter(DraftOption(2)), 2, "b", token_probs=(0.9, 0.9), scale=1.5)
+    assert raised.expected_tokens() == pytest.approx(1 + MAX_ACCEPTANCE + MAX_ACCEPTANCE**2)
 
 
 def test_an_overconfident_drafter_is_calibrated_down_by_its_outcomes() -> None:
-    """Drafts that promise 8 tokens and keep 1 lower the (drafter, bucket) scale, for new requests too."""
+    """Drafts whose tokens the drafter rates 0.95 and which keep 1 of 8 (one token accepted, the next
+    rejected: a conditional chance of 1/2) lower the (drafter, bucket) scale, for new requests too."""
     curve = StepCostTable.from_samples({1: STEP, 8: STEP * 1.2, 64: STEP * 8})  # drafting is cheap here
     policy = CostAwarePolicy(CostModel(curve), budget=SpeculationBudget(allowance_steps=100.0))
     probs = (0.95,) * 8
@@ -347,6 +351,26 @@ def test_an_overconfident_drafter_is_calibrated_down_by_its_outcomes() -> None:
         if plan.drafter is not None:
             policy.observe(seq, plan, 1)
     later = policy.plan([make_seq("new")], [suffix_option(probs)])[0]
-    assert later.drafter is None or later.scale < 0.3
+    assert later.drafter is None or (
+        later.num_tokens < first.num_tokens and later.expected_tokens() < first.expected_tokens() / 2
+    )
     scale = policy.acceptance.scale(make_seq("new"), "stub", "match<=8")
-    assert scale < 0.3
+    assert 0.45 < scale < 0.6  # 1 accepted per 0.95 + 0.95 of estimate verified
+
+
+def test_an_underconfident_drafter_is_calibrated_up_per_token_and_drafts_longer() -> None:
+    """A drafter that rates its tokens 0.8 where every one is accepted: the calibration scales each token's
+    estimate (to the 0.995 cap), not the draft's total, so the long tail is priced as accepted too."""
+    curve = StepCostTable.from_samples({1: STEP, 2: STEP * 1.5, 4: STEP * 1.9, 16: STEP * 3.5, 64: STEP * 12})
+    policy = CostAwarePolicy(CostModel(curve), budget=SpeculationBudget(allowance_steps=100.0))
+    probs = (0.8,) * 16
+    first = policy.plan([make_seq("a")], [suffix_option(probs, "match>16")])[0]
+    for i in range(30):
+        seq = make_seq(f"r{i}")
+        plan = policy.plan([seq], [suffix_option(probs, "match>16")])[0]
+        if plan.drafter is not None:
+            policy.observe(seq, plan, plan.num_tokens)
+    later = policy.plan([make_seq("new")], [suffix_option(probs, "match>16")])[0]
+    assert policy.acceptance.scale(make_seq("new"), "stub", "match>16") > 1.2
+    assert later.num_tokens > first.num_tokens
+    assert later.expected_tokens() > 0.9 * (1 + later.num_tokens)

@@ -10,6 +10,8 @@ import pytest
 
 from specserve.drafters.base import DraftOption
 from specserve.drafters.ngram import NgramDrafter
+from specserve.drafters.suffix import SuffixDrafter
+from specserve.engine import draft_policy
 from specserve.engine.cost_model import CostModel, StepCostTable
 from specserve.engine.draft_policy import TRUSTED_DRAFTS, CostAwarePolicy, DraftPlan
 from specserve.engine.speculation_budget import SpeculationBudget, StepTiming, ledger_of
@@ -47,18 +49,28 @@ def cached_gpu_like() -> StepCostTable:
 
 
 def run_request(
-    policy: CostAwarePolicy, acceptance: float, tokens: int, seed: int, real: StepCostTable | None = None
+    policy: CostAwarePolicy,
+    acceptance: float,
+    tokens: int,
+    seed: int,
+    real: StepCostTable | None = None,
+    estimate: float | None = None,
 ) -> float:
     """Decode ``tokens`` tokens for one request whose drafts are each accepted with ``acceptance`` (after the
     previous one), a long n-gram match offered at every step, passes costing ``real`` (default: what the
-    policy's table says), observed into the table as the engine does; returns plain time / this run's."""
+    policy's table says), observed into the table as the engine does; returns plain time / this run's.
+    ``estimate``: the match comes from the suffix drafter instead, rating each of its tokens so."""
     rng = np.random.default_rng(seed)
-    seq, drafter = make_seq(), NgramDrafter()
+    seq = make_seq()
+    drafter: NgramDrafter | SuffixDrafter = NgramDrafter()
+    option = DraftOption(16, "match>16")
+    if estimate is not None:
+        drafter, option = SuffixDrafter(), DraftOption(16, "match>16", token_probs=(estimate,) * 16)
     real = policy.costs.target if real is None else real
     one_step = real(1)
     emitted, seconds = 0, 0.0
     while emitted < tokens:
-        (plan,) = policy.plan([seq], [{"ngram": (drafter, DraftOption(16, "match>16"))}])
+        (plan,) = policy.plan([seq], [{drafter.name: (drafter, option)}])
         accepted = 0
         while accepted < plan.num_tokens and rng.random() < acceptance:
             accepted += 1
@@ -109,6 +121,39 @@ def test_a_probe_beyond_the_allowance_still_loses_at_most_the_budget(acceptance:
     """On the Zen 5 curve the shortest draft that pays risks 1.5 steps: a failed probe stops drafting."""
     for seed in range(8):
         assert run_request(CostAwarePolicy(CostModel(zen5_native())), acceptance, 160, seed) >= 0.975
+
+
+@pytest.mark.parametrize(
+    ("table", "acceptance", "ungated_fails"),
+    [(avx2_like, 0.2, False), (avx2_like, 0.6, True), (zen5_native, 0.2, True), (zen5_native, 0.6, True)],
+)
+def test_an_overconfident_per_draft_estimate_is_bounded_by_the_same_rules(
+    table: Callable[[], StepCostTable],
+    acceptance: float,
+    ungated_fails: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A drafter that rates every token 0.9 in a fresh process (nothing calibrated yet) on a request that
+    keeps far less: its own estimate does not make the trust and proof rules unnecessary. With them a
+    96-token answer stays within the budget; without them its first long draft costs it 4-6 %."""
+
+    def worst(seeds: int = 8) -> float:
+        return min(
+            run_request(CostAwarePolicy(CostModel(table())), acceptance, 96, s, estimate=0.9)
+            for s in range(seeds)
+        )
+
+    assert worst() >= 0.975
+    monkeypatch.setattr(draft_policy, "TRUSTED_DRAFTS", 0.0)
+    monkeypatch.setattr(draft_policy, "PROVEN_DRAFTS", -1.0)
+    assert (worst() < 0.96) is ungated_fails
+
+
+def test_a_copying_request_with_an_estimate_drafts_long_on_a_cheap_verify_curve() -> None:
+    """The suffix drafter's 0.9 on a request the target copies at 0.97 (calibrated up per token): a fresh
+    process reaches 2x within 96 tokens where extra rows cost a third of a step each."""
+    for seed in range(4):
+        assert run_request(CostAwarePolicy(CostModel(verify_bound())), 0.97, 96, seed, estimate=0.9) > 1.7
 
 
 def test_a_fresh_process_copying_its_input_gains_where_extra_rows_cost_nearly_a_step() -> None:

@@ -36,6 +36,8 @@ PRIOR_ACCEPTANCE: dict[str, float] = {
     "forced": 0.98,  # tokens a grammar allows as the only continuation
 }
 DEFAULT_PRIOR = 0.6
+MAX_ACCEPTANCE = 0.995
+"""No estimate of a token's acceptance is taken as certain."""
 TRUSTED_DRAFTS = 8.0
 """Drafts of a (drafter, bucket) seen, in this process and this request together, before their acceptance
 estimate is trusted with drafts whose rejection would cost more than the request's speculation budget has
@@ -69,13 +71,14 @@ class DraftPlan:
     """The drafter's own per-token estimate (DraftOption.token_probs); when given, it prices the draft
     instead of ``alpha``."""
     scale: float = 1.0
-    """The calibration of ``token_probs``: accepted over predicted tokens (AcceptanceTracker.scale)."""
+    """The calibration of ``token_probs``: each token's estimate is multiplied by it (capped at
+    ``MAX_ACCEPTANCE``; AcceptanceTracker.scale)."""
 
     def expected_tokens(self) -> float:
         """Tokens the verify step is expected to emit: accepted drafts plus the target's own."""
         if not self.token_probs:
             return expected_tokens(self.alpha, self.num_tokens)
-        return 1.0 + min(0.995 * self.num_tokens, self.scale * estimated_accepted(self.token_probs))
+        return 1.0 + estimated_accepted(calibrated(self.token_probs, self.scale))
 
 
 @dataclass
@@ -84,7 +87,8 @@ class _Counts:
     rejected: float = 0.0
     drafts: float = 0.0
     predicted: float = 0.0
-    """Accepted tokens the drafters' own estimates predicted (drafts that carry one)."""
+    """The drafters' own estimates summed over the drafted tokens the target verified (those up to and
+    including the first rejected one): what ``accepted`` would be if the estimates were calibrated."""
 
     def add(self, num_draft: int, num_accepted: int, decay: float, predicted: float = 0.0) -> None:
         self.accepted = self.accepted * decay + num_accepted
@@ -96,7 +100,7 @@ class _Counts:
         return (self.accepted + prior * weight) / (self.accepted + self.rejected + weight)
 
     def scale(self, prior: float, weight: float) -> float:
-        """Accepted over predicted tokens, starting from ``prior`` with ``weight`` predicted tokens."""
+        """Accepted tokens over their estimates' sum, starting from ``prior`` with ``weight`` estimated."""
         return (self.accepted + prior * weight) / (self.predicted + weight)
 
 
@@ -120,12 +124,14 @@ class AcceptanceTracker:
             prior, _GLOBAL_PRIOR_WEIGHT
         )
         own = self._seq_counts(seq).get(drafter, _Counts())
-        return min(own.posterior(global_alpha, _SEQ_PRIOR_WEIGHT), 0.995)
+        return min(own.posterior(global_alpha, _SEQ_PRIOR_WEIGHT), MAX_ACCEPTANCE)
 
     def scale(self, seq: Sequence, drafter: str, bucket: str) -> float:
-        """Calibration of a drafter's own estimate: how many tokens were accepted per token it predicted,
-        globally per (drafter, bucket) from 1.0 (the estimate taken as it is), refined by this request's
-        record. Kept apart from ``alpha``'s counts: the two measure different things."""
+        """Calibration of a drafter's own per-token estimates: of the drafted tokens the target verified,
+        how many were accepted per unit of estimated chance — globally per (drafter, bucket) from 1.0 (the
+        estimate taken as it is), refined by this request's record. Per token, not per draft: a drafter
+        that says 0.9 where its copies are accepted at 0.97 is under-confident about every token, and
+        scaling a draft's total instead would keep its long drafts under-priced (the geometric tail)."""
         counts = self.estimate_counts.get((drafter, bucket), _Counts())
         global_scale = counts.scale(1.0, _GLOBAL_PRIOR_WEIGHT)
         own = self._seq_counts(seq, _SEQ_ESTIMATES_KEY).get(drafter, _Counts())
@@ -167,7 +173,7 @@ class AcceptanceTracker:
         )
         self._seq_counts(seq).setdefault(drafter, _Counts()).add(num_draft, num_accepted, _SEQ_DECAY)
         if token_probs:
-            predicted = estimated_accepted(token_probs[:num_draft])
+            predicted = sum(token_probs[: min(num_accepted + 1, num_draft)])
             self.estimate_counts.setdefault((drafter, bucket), _Counts()).add(
                 num_draft, num_accepted, _GLOBAL_DECAY, predicted
             )
@@ -185,6 +191,11 @@ class AcceptanceTracker:
 
 CallRows = Callable[[Seq[int]], list[int]]
 """Chunk sizes of one step, in order → rows of each backend call (``ModelRuntime.call_rows``)."""
+
+
+def calibrated(token_probs: Seq[float], scale: float) -> tuple[float, ...]:
+    """A drafter's per-token estimates under its calibration ``scale``."""
+    return tuple(min(p * scale, MAX_ACCEPTANCE) for p in token_probs)
 
 
 def expected_tokens(alpha: float, k: int) -> float:
