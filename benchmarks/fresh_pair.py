@@ -8,7 +8,8 @@ process, so their ratio is what the policy did to a first request: no acceptance
 as a fresh process loads it. A short plain warm-up comes first so that neither decode is the process's
 first pass over the weights; the order of the two alternates by round (``--plain-first``), since the
 second decode of a process ran a few per cent faster than the first in an auto-first run. Plain decoding
-drafts nothing, so auto's request is the first the policy sees drafts for either way.
+drafts nothing, so auto's request is the first the policy sees drafts for either way; each decode is its own
+tenant, so the suffix drafter cannot copy the other decode's answer.
 
     python -m benchmarks.fresh_pair --prompt TEXT --max-tokens N [--plain-first] [engine flags]
 
@@ -53,7 +54,9 @@ def decode(engine: Any, request_id: str, prompt_ids: list[int], params: Any, pla
     decoding steps (``steps``, not JSON)."""
     speculation = SpeculationOptions(drafter="none") if plain else None
     start = time.perf_counter()
-    seq = engine.add_request(request_id, prompt_ids, params, speculation)
+    # Each decode its own tenant: the suffix drafter keeps a tenant's finished outputs, and auto copying
+    # the plain decode's answer (or the warm-up's) is not what a fresh process's first request sees.
+    seq = engine.add_request(request_id, prompt_ids, params, speculation, cache_salt=request_id)
     steps: list[DecodeStep] = []
     while engine.has_work():
         drafts, emitted, drafting = seq.stats.num_drafts, len(seq.output_ids), seq.draft_seconds

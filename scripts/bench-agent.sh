@@ -21,6 +21,7 @@ PEERS=${PEERS:-"plain ngram-simple ngram-map-k ngram-map-k4v ngram-mod ngram-cac
 MAX_TOKENS=${MAX_TOKENS:-256}
 STOCK=${STOCK_LLAMA_BIN:-$(PYTHON=.venv/bin/python scripts/build-stock-llama.sh)}
 threads=$(nproc)
+LOGS=${LOGS:-$(mktemp -d)}  # the peers' own logs (not reports: kept out of docs/)
 
 $S models pull >/dev/null
 target=$($S models pull qwen2.5-coder-1.5b-instruct | sed 's/^[^:]*: //')
@@ -44,7 +45,7 @@ start_peer() {  # name port: a fresh llama-server, the mode's own flags at their
   esac
   # --poll 0: an idle llama-server otherwise keeps its threads spinning and slows whatever runs next.
   "$STOCK/llama-server" -m "$target" "${extra[@]}" --port "$port" -t "$threads" -c 8192 -np 4 --poll 0 \
-    >"$OUT/agent-peer-$mode.log" 2>&1 &
+    >"$LOGS/agent-peer-$mode.log" 2>&1 &
   pids+=($!)
 }
 
