@@ -237,8 +237,11 @@ def test_tuned_kernel_settings_are_cached_with_the_table_and_restored_first(
 
     monkeypatch.setattr(runtime, "tune_kernels", tune)
     monkeypatch.setattr(runtime, "restore_kernels", lambda settings: restored.append(dict(settings)))
-    cached_calibration(runtime, 1, tmp_path, {"threads": 1}, tune_kernels=True)
+    first = cached_calibration(runtime, 1, tmp_path, {"threads": 1}, tune_kernels=True)
     assert (tuned, restored) == ([1], [])
+    # The probe agrees with the table: on a tiny model the real probe's microseconds are noise (on a loaded
+    # CI machine it disagreed and re-tuned), and what is tested here is the kernels' cache, not the probe.
+    monkeypatch.setattr(cost_model, "probe", lambda *a: {1: first(1), 8: first(8)})
     cached_calibration(runtime, 1, tmp_path, {"threads": 1}, tune_kernels=True)
     assert (tuned, restored) == ([1], [{"tiled_min_batch": 12}])
     cached_calibration(runtime, 1, tmp_path, {"threads": 1})  # the draft model's: never tuned
