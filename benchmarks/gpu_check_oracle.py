@@ -23,8 +23,8 @@ from benchmarks.gpu_check_timing import context_tokens, warm_shapes
 from specserve.drafters.base import Drafter, DraftOption, Proposal
 from specserve.engine.builder import flat_costs
 from specserve.engine.cost_model import CostModel, StepCostTable, calibrate
+from specserve.engine.cost_policy import CostAwarePolicy
 from specserve.engine.draft_policy import (
-    CostAwarePolicy,
     DraftLengthPolicy,
     FixedLengthPolicy,
     expected_tokens,

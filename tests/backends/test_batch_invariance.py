@@ -221,11 +221,12 @@ def test_capped_call_rows_are_the_calls_decode_makes(
     open_runtime: OpenRuntime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The policy prices a step with ``call_rows``: in capped mode a prompt chunk of 8+ rows runs alone,
-    and smaller chunks — a short prompt tail among them — share calls of at most 7 rows."""
+    and smaller chunks — a short prompt tail among them — share calls of at most 7 rows, which llama.cpp
+    runs as passes of equal rows per KV stream (test_llama_cpp_passes.py)."""
     monkeypatch.setattr(llama_cpp, "build_is_batch_invariant", lambda: False)
     runtime = open_runtime(max_sequences=4, batch_capacity=64)
-    assert runtime.call_rows([100, 3, 5, 2]) == [64, 36, 3, 7]
-    assert runtime.call_rows([3, 2, 2]) == [7]
+    assert runtime.call_rows([100, 3, 5, 2]) == [64, 36, 3, 4, 3]  # calls of 64, 36, 3 and 5 + 2 rows
+    assert runtime.call_rows([3, 2, 2]) == [6, 1]  # one call: 2 rows of each sequence, then 1 of the first
     prompt = check_tokens(runtime, 100)
     chunks = [
         DecodeChunk(0, prompt, 0, 1),
@@ -235,7 +236,7 @@ def test_capped_call_rows_are_the_calls_decode_makes(
     ]
     calls = decode_calls(monkeypatch)
     runtime.decode(chunks)
-    assert calls == runtime.call_rows([len(c.tokens) for c in chunks])
+    assert calls == [64, 36, 3, 7]
 
 
 def test_batch_invariant_call_rows_are_one_call_per_capacity(
@@ -243,9 +244,12 @@ def test_batch_invariant_call_rows_are_one_call_per_capacity(
 ) -> None:
     runtime = open_runtime(max_sequences=2, batch_capacity=64)
     assert runtime.info.exactness == "batch-invariant"
-    assert runtime.call_rows([3, 2]) == [5]
-    assert runtime.call_rows([100, 3]) == [64, 39]
+    assert runtime.call_rows([3, 2]) == [4, 1]  # one call, two passes: equal rows per KV stream
+    assert runtime.call_rows([3, 2], [0, 0]) == [5]  # one sequence's pieces
+    assert runtime.call_rows([100, 3]) == [64, 6, 33]  # calls of 64 and 36 + 3 rows
     assert runtime.call_rows([]) == []
+    single = open_runtime(max_sequences=1, batch_capacity=64)
+    assert single.call_rows([3, 2]) == [5]  # one KV stream: one pass per call
     prompt = check_tokens(runtime, 100)
     calls = decode_calls(monkeypatch)
     runtime.decode([DecodeChunk(0, prompt, 0, 1), DecodeChunk(1, prompt[:3], 0, 3)])

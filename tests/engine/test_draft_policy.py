@@ -8,13 +8,14 @@ from collections.abc import Sequence as Seq
 import pytest
 
 from specserve.backends.base import one_call
+from specserve.backends.llama_cpp_passes import stream_passes
 from specserve.drafters.base import Drafter, DraftOption, Proposal
 from specserve.drafters.ngram import NgramDrafter
 from specserve.engine.cost_model import CostModel, StepCostTable
+from specserve.engine.cost_policy import CostAwarePolicy
 from specserve.engine.draft_policy import (
     MAX_ACCEPTANCE,
     PRIOR_ACCEPTANCE,
-    CostAwarePolicy,
     DraftPlan,
     FixedLengthPolicy,
     expected_tokens,
@@ -264,7 +265,7 @@ def test_the_policy_prices_the_runtimes_own_packing() -> None:
     """The runtime answers how a step's chunks become calls; the policy only sums the calls' costs."""
     asked: list[list[int]] = []
 
-    def packing(chunk_rows: Seq[int]) -> list[int]:
+    def packing(chunk_rows: Seq[int], seq_ids: Seq[int] | None) -> list[int]:
         asked.append(list(chunk_rows))
         return one_call(chunk_rows)
 
@@ -275,8 +276,42 @@ def test_the_policy_prices_the_runtimes_own_packing() -> None:
     assert asked.count([3]) == 1, "the prompt chunk alone is priced once per plan"
     assert all(rows[0] == 3 for rows in asked), "prompt chunks come first, as the engine orders them"
     # The same costs, but a runtime that runs every row in a call of its own: drafts cost full steps.
-    one_row_calls = CostAwarePolicy(CostModel(flat), call_rows=lambda rows: [1] * sum(rows))
+    one_row_calls = CostAwarePolicy(CostModel(flat), call_rows=lambda rows, _ids: [1] * sum(rows))
     assert one_row_calls.plan([make_seq()], [ngram_option(4, "match>16")], [3]) == [DraftPlan()]
+
+
+def stream_passes_of(chunk_rows: Seq[int], seq_ids: Seq[int] | None) -> list[int]:
+    """llama.cpp's passes with one KV stream per sequence (what LlamaCppRuntime.call_rows answers)."""
+    ids = range(len(chunk_rows)) if seq_ids is None else seq_ids
+    return stream_passes(sorted(zip(ids, chunk_rows, strict=True)), 512)
+
+
+def test_the_policy_prices_the_passes_of_its_sequences_kv_streams() -> None:
+    """A pass costs a one-token step whatever its rows (a CPU's floor), and llama.cpp runs sequences whose
+    chunks differ in rows as separate passes: a draft for one of two sequences costs a pass of its own,
+    drafts for both share one. The policy gives ``call_rows`` the slots (prompt chunks first) to price it."""
+    floor = StepCostTable.from_samples({1: STEP, 64: STEP * 2})
+    asked: list[list[int] | None] = []
+
+    def passes(chunk_rows: Seq[int], seq_ids: Seq[int] | None) -> list[int]:
+        asked.append(None if seq_ids is None else list(seq_ids))
+        return stream_passes_of(chunk_rows, seq_ids)
+
+    def scheduled(slot: int) -> Sequence:
+        seq = make_seq(f"s{slot}")
+        seq.slot = slot
+        return seq
+
+    one_drafts = [ngram_option(4, "match<=8"), {}]
+    policy = CostAwarePolicy(CostModel(floor), call_rows=passes)
+    assert policy.plan([scheduled(0), scheduled(1)], one_drafts, [5], [3]) == [DraftPlan(), DraftPlan()]
+    assert asked and all(ids == [3, 0, 1] for ids in asked[1:])  # after the prompt chunk's own price
+    # Priced as one call, the same draft looks almost free and is made.
+    one_pass = CostAwarePolicy(CostModel(floor), call_rows=lambda rows, _ids: one_call(rows))
+    assert one_pass.plan([scheduled(0), scheduled(1)], one_drafts, [], [])[0].drafter is not None
+    # Both drafting four tokens: one pass of 10 rows.
+    both = policy.plan([scheduled(0), scheduled(1)], [ngram_option(4, "match<=8")] * 2, [], [])
+    assert [p.num_tokens for p in both] == [4, 4]
 
 
 class SelfPricedStub(StubDrafter):

@@ -21,8 +21,9 @@ from specserve.drafters.base import Drafter
 from specserve.drafters.draft_model import DraftModelDrafter
 from specserve.drafters.ngram import NgramDrafter
 from specserve.drafters.suffix import SuffixDrafter
-from specserve.engine.cost_model import CostModel, StepCostTable
-from specserve.engine.draft_policy import CostAwarePolicy, DraftLengthPolicy, FixedLengthPolicy
+from specserve.engine.cost_model import CostModel, StepCostTable, calibrate
+from specserve.engine.cost_policy import CostAwarePolicy
+from specserve.engine.draft_policy import DraftLengthPolicy, FixedLengthPolicy
 from specserve.engine.engine import SpeculativeEngine
 from specserve.engine.options import EngineOptions
 from specserve.request import SamplingParams
@@ -361,3 +362,24 @@ def test_last_pass_reports_the_steps_rows(tiny_models: TinyModels) -> None:
                 rows.append((engine.last_pass.rows, seq.stats.num_draft_tokens - drafts))
     # A decoding step's pass holds the pending token and the drafts verified in it.
     assert any(d > 0 for _, d in rows) and all(r == 1 + d for r, d in rows)
+
+
+def test_a_step_of_several_passes_does_not_refine_the_cost_table(tiny_models: TinyModels) -> None:
+    """Two sequences with different rows run as two passes in llama.cpp (one KV stream each): the step's
+    time is not what one pass of its rows costs, so the table learns only from steps of one pass."""
+    with make_engine(tiny_models, k=4) as engine:
+        engine.costs.target = calibrate(engine.target, scratch_seq=3)  # within 3x of what a step takes
+        ids = engine.target.tokenize(PROMPT)
+        a = engine.add_request("a", ids, GREEDY, SpeculationOptions(drafter="ngram"))
+        b = engine.add_request("b", ids, GREEDY, SpeculationOptions(drafter="none"))
+        learned: dict[int, list[bool]] = {1: [], 2: []}
+        while engine.has_work():
+            decoding = all(s.output_ids and not s.finished for s in (a, b))
+            drafts, seen = a.stats.num_draft_tokens, engine.costs.target.observations
+            engine.step()
+            if decoding:
+                rows = [1 + a.stats.num_draft_tokens - drafts, 1]
+                passes = len(engine.target.call_rows(rows, [a.slot, b.slot]))
+                learned[passes].append(engine.costs.target.observations > seen)
+    assert learned[2] and not any(learned[2])
+    assert any(learned[1])  # (not all: a step more than 3x off its price is an outlier, on a busy machine)

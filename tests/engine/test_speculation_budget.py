@@ -11,9 +11,10 @@ import pytest
 from specserve.drafters.base import DraftOption
 from specserve.drafters.ngram import NgramDrafter
 from specserve.drafters.suffix import SuffixDrafter
-from specserve.engine import draft_policy
+from specserve.engine import cost_policy, draft_policy
 from specserve.engine.cost_model import CostModel, StepCostTable
-from specserve.engine.draft_policy import TRUSTED_DRAFTS, CostAwarePolicy, DraftPlan
+from specserve.engine.cost_policy import TRUSTED_DRAFTS, CostAwarePolicy
+from specserve.engine.draft_policy import DraftPlan
 from specserve.engine.speculation_budget import SpeculationBudget, StepTiming, ledger_of
 from specserve.request import PositionalUniforms, SamplingParams
 from specserve.sequence import Sequence
@@ -144,7 +145,7 @@ def test_an_overconfident_per_draft_estimate_is_bounded_by_the_same_rules(
         )
 
     assert worst() >= 0.975
-    monkeypatch.setattr(draft_policy, "TRUSTED_DRAFTS", 0.0)
+    monkeypatch.setattr(cost_policy, "TRUSTED_DRAFTS", 0.0)
     monkeypatch.setattr(draft_policy, "PROVEN_DRAFTS", -1.0)
     assert (worst() < 0.96) is ungated_fails
 

@@ -151,7 +151,7 @@ def to_host(rows: object) -> HostLogits:
     return host
 
 
-def one_call(chunk_rows: Sequence[int]) -> list[int]:
+def one_call(chunk_rows: Sequence[int], seq_ids: Sequence[int] | None = None) -> list[int]:
     """The packing of a runtime that evaluates a whole step in one call: ``[sum(chunk_rows)]``."""
     total = sum(chunk_rows)
     return [total] if total else []
@@ -212,10 +212,12 @@ class ModelRuntime(ABC, Generic[LogitsT]):
         The rows may be a view into the runtime's buffer: valid until the next ``decode`` call.
         """
 
-    def call_rows(self, chunk_rows: Sequence[int]) -> list[int]:
-        """Rows of each backend call that ``decode`` makes for chunks of these sizes, in this order.
+    def call_rows(self, chunk_rows: Sequence[int], seq_ids: Sequence[int] | None = None) -> list[int]:
+        """Rows of each pass over the weights that ``decode`` makes for chunks of these sizes, in this
+        order, of these sequences (where the passes depend on them: llama.cpp's KV streams; None: distinct
+        sequences with consecutive ids, the cheapest case).
 
-        The draft policy prices a step with it (the cost of a step is the sum over its calls), so it must
+        The draft policy prices a step with it (the cost of a step is the sum over its passes), so it must
         pack exactly as ``decode`` does. Default: one call for the whole batch.
         """
         return one_call(chunk_rows)

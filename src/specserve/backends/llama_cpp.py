@@ -49,6 +49,7 @@ from specserve.backends.base import (
 )
 from specserve.backends.invariance import check_batch_invariance, check_rows
 from specserve.backends.llama_cpp_lib import llama_lib
+from specserve.backends.llama_cpp_passes import stream_passes
 from specserve.backends.llama_cpp_tiled import (
     TILED_SETTING,
     measure_tiled_min_batch,
@@ -244,8 +245,17 @@ class LlamaCppRuntime(VocabularyMethods, ModelRuntime[HostLogits]):
                 row += n
         return StepLogits(rows, offsets)
 
-    def call_rows(self, chunk_rows: Sequence[int]) -> list[int]:
-        return [sum(hi - lo for _, lo, hi in call) for call in self._pack(chunk_rows)]
+    def call_rows(self, chunk_rows: Sequence[int], seq_ids: Sequence[int] | None = None) -> list[int]:
+        """Rows of each pass: per ``llama_decode`` call of ``_pack``, the micro-batches llama.cpp splits it
+        into over the sequences' KV streams (llama_cpp_passes.py; one per call with a single stream)."""
+        ids = range(len(chunk_rows)) if seq_ids is None else seq_ids
+        passes: list[int] = []
+        for call in self._pack(chunk_rows):
+            if self.info.max_sequences == 1:
+                passes.append(sum(hi - lo for _, lo, hi in call))
+            else:
+                passes += stream_passes(sorted((ids[i], hi - lo) for i, lo, hi in call), self._capacity)
+        return passes
 
     def _pack(self, chunk_rows: Sequence[int]) -> list[list[tuple[int, int, int]]]:
         """Group chunks, cut to the batch capacity, into llama_decode calls: per call, its pieces as
@@ -281,10 +291,15 @@ class LlamaCppRuntime(VocabularyMethods, ModelRuntime[HostLogits]):
         return calls
 
     def _decode_one(self, chunks: Sequence[DecodeChunk]) -> HostLogits:
-        """One llama_decode call; the logits rows asked for, in chunk order (a view of llama.cpp's buffer)."""
+        """One llama_decode call; the logits rows asked for, in chunk order (a view of llama.cpp's buffer,
+        or a copy where the call's tokens were reordered).
+
+        The tokens go in sequence order: llama.cpp splits a call into one pass per run of consecutive
+        sequence ids (llama_cpp_passes.py), so sequences 1, 2, 3, 0 in that order would cost two passes."""
         lib = self._lib
+        order = sorted(range(len(chunks)), key=lambda j: chunks[j].seq_id)
         i = 0
-        for c in chunks:
+        for c in (chunks[j] for j in order):
             n = len(c.tokens)
             self._tokens[i : i + n] = c.tokens
             self._pos[i : i + n] = np.arange(c.start_pos, c.start_pos + n)
@@ -302,7 +317,12 @@ class LlamaCppRuntime(VocabularyMethods, ModelRuntime[HostLogits]):
             return np.empty((0, self.info.vocab_size), np.float32)
         ptr = lib.llama_get_logits(self._ctx)
         logits: HostLogits = np.ctypeslib.as_array(ptr, shape=(n_out, self.info.vocab_size))
-        return logits
+        if order == sorted(order):
+            return logits
+        written = row_offsets([chunks[j].num_logits for j in order])  # rows in the order they were written
+        start = dict(zip(order, written[:-1], strict=True))
+        rows = [r for j in range(len(chunks)) for r in range(start[j], start[j] + chunks[j].num_logits)]
+        return logits[rows]
 
     def truncate(self, seq_id: int, length: int) -> None:
         self._lib.llama_memory_seq_rm(self._memory, seq_id, length, -1)

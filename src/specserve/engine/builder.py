@@ -20,7 +20,8 @@ from specserve.config import DrafterName, PolicyChoice, Settings
 from specserve.drafters.base import Drafter
 from specserve.drafters.registry import DrafterContext, build_drafter
 from specserve.engine.cost_model import CostModel, StepCostTable, cached_calibration
-from specserve.engine.draft_policy import CostAwarePolicy, DraftLengthPolicy, FixedLengthPolicy
+from specserve.engine.cost_policy import CostAwarePolicy
+from specserve.engine.draft_policy import DraftLengthPolicy, FixedLengthPolicy
 from specserve.engine.engine import SpeculativeEngine
 from specserve.engine.options import EngineOptions
 from specserve.engine.prefix_cache import PrefixCache

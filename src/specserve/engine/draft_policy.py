@@ -1,29 +1,19 @@
-"""How many tokens to draft, and with which drafter — including none (plain decoding).
+"""How many tokens to draft, and with which drafter: the plan a policy makes per sequence, what it knows
+of acceptance, and the simplest policy (always draft all allowed). The policy that prices plans by their
+measured cost is :mod:`specserve.engine.cost_policy`.
 
-:class:`CostAwarePolicy` maximises expected emitted tokens per second of the whole batch step::
-
-    tokens(s)  = 1 + a + a^2 + ... + a^k          (a: estimated chance the next draft token is accepted,
-                                                    given the previous one was — a geometric model)
-    step_time  = target(sum over s of (1 + k_s))  (one batched verify pass; measured table)
-               + draft rounds                      (draft-model only: catch-up batch, then k_max - 1 rounds)
-
-It turns speculation on for a sequence only when the best plan beats plain decoding by ``margin``, so
-uncertain estimates fall back to plain decoding, and drafts for a request only while it is within its
-speculation budget (:mod:`specserve.engine.speculation_budget`: its drafts have not cost it more than a
-small share of its time). Acceptance is estimated per (drafter, bucket) from all requests (a prior for new
-requests) and per request (recent behaviour, decayed).
+Acceptance is estimated per (drafter, bucket) from all requests (a prior for new requests) and per request
+(recent behaviour, decayed); a drafter that gives per-token estimates is calibrated by the same counts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
-from specserve.backends.base import one_call
 from specserve.drafters.base import Drafter, DraftOption, estimated_accepted
-from specserve.engine.cost_model import CostModel
-from specserve.engine.speculation_budget import SpeculationBudget, StepTiming
+from specserve.engine.speculation_budget import StepTiming
 from specserve.sequence import Sequence
 
 # Prior acceptance per bucket before anything is measured; long n-gram matches are usually copy regions.
@@ -38,17 +28,10 @@ PRIOR_ACCEPTANCE: dict[str, float] = {
 DEFAULT_PRIOR = 0.6
 MAX_ACCEPTANCE = 0.995
 """No estimate of a token's acceptance is taken as certain."""
-TRUSTED_DRAFTS = 8.0
-"""Drafts of a (drafter, bucket) seen, in this process and this request together, before their acceptance
-estimate is trusted with drafts whose rejection would cost more than the request's speculation budget has
-left. Below it the estimate is mostly prior (a fresh process): drafts grow with the budget instead. A
-trusted estimate still waits for the request's own proof (:meth:`AcceptanceTracker.proven`)."""
 PROVEN_DRAFTS = 1.3
 """The request's own drafts accepted in full, decayed like its record (``_SEQ_DECAY`` per later draft),
-before a trusted estimate may draft past its headroom: two such drafts count 1.8 and stay proven through
-one later rejection (1.44), not two (1.15)."""
-SURE_BUCKETS = frozenset({"forced"})
-"""Buckets whose drafts need no proof from the request: a grammar's only continuation."""
+before a trusted estimate (cost_policy.py) may draft past its headroom: two such drafts count 1.8 and stay
+proven through one later rejection (1.44), not two (1.15)."""
 _GLOBAL_PRIOR_WEIGHT = 4.0
 _SEQ_PRIOR_WEIGHT = 3.0
 _GLOBAL_DECAY = 0.995
@@ -189,10 +172,6 @@ class AcceptanceTracker:
         return counts
 
 
-CallRows = Callable[[Seq[int]], list[int]]
-"""Chunk sizes of one step, in order → rows of each backend call (``ModelRuntime.call_rows``)."""
-
-
 def calibrated(token_probs: Seq[float], scale: float) -> tuple[float, ...]:
     """A drafter's per-token estimates under its calibration ``scale``."""
     return tuple(min(p * scale, MAX_ACCEPTANCE) for p in token_probs)
@@ -211,8 +190,10 @@ class DraftLengthPolicy:
         seqs: Seq[Sequence],
         options: Seq[Mapping[str, tuple[Drafter, DraftOption]]],
         prefill_rows: Seq[int] = (),
+        prefill_slots: Seq[int] | None = None,
     ) -> list[DraftPlan]:
-        """One plan per sequence; prompt chunks of ``prefill_rows`` tokens share the same target pass."""
+        """One plan per sequence; prompt chunks of ``prefill_rows`` tokens (of the sequences in
+        ``prefill_slots``, where known) share the same target pass."""
         raise NotImplementedError
 
     def observe(self, seq: Sequence, plan: DraftPlan, num_accepted: int) -> None:
@@ -230,6 +211,7 @@ class FixedLengthPolicy(DraftLengthPolicy):
         seqs: Seq[Sequence],
         options: Seq[Mapping[str, tuple[Drafter, DraftOption]]],
         prefill_rows: Seq[int] = (),
+        prefill_slots: Seq[int] | None = None,
     ) -> list[DraftPlan]:
         plans = []
         for opts in options:
@@ -240,131 +222,3 @@ class FixedLengthPolicy(DraftLengthPolicy):
                     break
             plans.append(plan)
         return plans
-
-
-class CostAwarePolicy(DraftLengthPolicy):
-    """Maximise expected tokens per second from measured costs and running acceptance estimates."""
-
-    def __init__(
-        self,
-        costs: CostModel,
-        margin: float = 0.03,
-        call_rows: CallRows = one_call,
-        budget: SpeculationBudget | None = None,
-    ) -> None:
-        self.costs = costs
-        self.margin = margin
-        self.call_rows = call_rows
-        """How the target runtime packs a step's chunks into backend calls (``ModelRuntime.call_rows``):
-        the cost of a step is the sum over its calls, so the policy prices exactly what will run."""
-        self.acceptance = AcceptanceTracker()
-        self.budget = SpeculationBudget() if budget is None else budget
-        """Bounds each request's time lost to speculation that did not pay (speculation_budget.py)."""
-
-    def observe(self, seq: Sequence, plan: DraftPlan, num_accepted: int) -> None:
-        if plan.drafter is not None:
-            self.acceptance.observe(
-                seq, plan.drafter.name, plan.bucket, plan.num_tokens, num_accepted, plan.token_probs
-            )
-
-    def observe_step(self, seq: Sequence, num_drafts: int, num_accepted: int, step: StepTiming) -> None:
-        self.budget.book(seq, num_drafts, num_accepted, step, self.costs.target)
-
-    def plan(
-        self,
-        seqs: Seq[Sequence],
-        options: Seq[Mapping[str, tuple[Drafter, DraftOption]]],
-        prefill_rows: Seq[int] = (),
-    ) -> list[DraftPlan]:
-        plans = [DraftPlan() for _ in seqs]
-        prefill_seconds = self._call_seconds(prefill_rows)
-        best = self._rate(plans, prefill_rows, prefill_seconds)
-        # Coordinate ascent: improve one sequence's plan at a time while the batch rate improves.
-        # A request that has lost its speculation budget decodes plainly until its share of time restores it;
-        # on an estimate that is still mostly prior, or before the request's own drafts have been accepted,
-        # a draft may risk only what the budget has left (or probe).
-        one_step = self.costs.target(1)
-        headroom = [self.budget.headroom(seq, one_step) for seq in seqs]
-        for _ in range(3):
-            improved = False
-            for s, seq in enumerate(seqs):
-                for drafter, option in options[s].values() if headroom[s] >= 0 else ():
-                    if option.token_probs:
-                        alpha, scale = 0.0, self.acceptance.scale(seq, drafter.name, option.bucket)
-                    else:
-                        alpha, scale = self.acceptance.alpha(seq, drafter.name, option.bucket), 1.0
-                    seen = self.acceptance.evidence(seq, drafter.name, option.bucket)
-                    proven = option.bucket in SURE_BUCKETS or self.acceptance.proven(seq, drafter.name)
-                    trusted = seen >= TRUSTED_DRAFTS and proven
-                    for k in range(1, option.max_tokens + 1):
-                        # Untrusted: the shortest draft that pays may probe; longer ones fit the headroom.
-                        limit = self.budget.risk_limit(headroom[s], one_step, plans[s].drafter is None)
-                        if not trusted and self._rejection_cost(drafter, option, k) > limit:
-                            break
-                        plan = DraftPlan(
-                            drafter,
-                            k,
-                            option.bucket,
-                            alpha,
-                            option.setup_tokens,
-                            option.token_probs[:k],
-                            scale,
-                        )
-                        trial = [*plans[:s], plan, *plans[s + 1 :]]
-                        rate = self._rate(trial, prefill_rows, prefill_seconds)
-                        # Leaving plain decoding needs a clear win: estimates are noisy.
-                        needed = best * (1 + self.margin) if plans[s].drafter is None else best
-                        if rate > needed:
-                            plans, best, improved = trial, rate, True
-            if not improved:
-                break
-        return plans
-
-    def _rejection_cost(self, drafter: Drafter, option: DraftOption, k: int) -> float:
-        """What ``k`` drafts cost one sequence if none is accepted: the verify rows they add to its pass,
-        and drafting them (a draft model's rounds, or a drafter's own measured price)."""
-        seconds = self.costs.target(1 + k) - self.costs.target(1)
-        own = drafter.draft_seconds(1, k)
-        if own is not None:
-            return seconds + own
-        if drafter.uses_model and self.costs.draft is not None:
-            seconds += self.costs.draft(option.setup_tokens) + (k - 1) * self.costs.draft(1)
-        return seconds
-
-    def _rate(self, plans: list[DraftPlan], prefill_rows: Seq[int], prefill_seconds: float) -> float:
-        """Expected tokens per second of the decoding part of one batch step under ``plans``.
-
-        Prompt tokens sharing the pass are paid for whatever the plans are, so only the time they add on top
-        of the prompt tokens counts (the marginal cost of the verify positions).
-        """
-        tokens = 0.0
-        verify_rows: list[int] = []
-        draft_rounds: dict[int, int] = {}
-        catch_up = 0
-        self_priced: dict[str, tuple[Drafter, list[int]]] = {}  # drafters that measure their own cost
-        for plan in plans:
-            verify_rows.append(1 + plan.num_tokens)
-            if plan.drafter is None:
-                tokens += 1.0
-                continue
-            tokens += plan.expected_tokens()
-            if plan.drafter.draft_seconds(1, plan.num_tokens) is not None:
-                self_priced.setdefault(plan.drafter.name, (plan.drafter, []))[1].append(plan.num_tokens)
-            elif plan.drafter.uses_model:
-                catch_up += plan.setup_tokens
-                for r in range(1, plan.num_tokens):
-                    draft_rounds[r] = draft_rounds.get(r, 0) + 1
-        seconds = max(
-            self._call_seconds([*prefill_rows, *verify_rows]) - prefill_seconds, 1e-3 * self.costs.target(1)
-        )
-        if self.costs.draft is not None and (catch_up or draft_rounds):
-            seconds += self.costs.draft(catch_up) + sum(self.costs.draft(n) for n in draft_rounds.values())
-        for drafter, lengths in self_priced.values():  # one batched proposal each
-            seconds += drafter.draft_seconds(len(lengths), max(lengths)) or 0.0
-        return tokens / seconds if seconds > 0 else 0.0
-
-    def _call_seconds(self, chunk_rows: Seq[int]) -> float:
-        """Target time of a pass over chunks of these sizes (prompt chunks first, as the engine orders
-        them): the measured cost of each backend call, packed as the runtime packs them."""
-        target = self.costs.target
-        return sum(target(n) for n in self.call_rows(chunk_rows)) if chunk_rows else 0.0

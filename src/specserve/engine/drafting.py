@@ -38,7 +38,9 @@ class Drafting:
         self.forced = GrammarDrafter()
         """Offered beside the allowed drafters to every request with a grammar (drafters/grammar.py)."""
 
-    def plan(self, seqs: list[Sequence], prefill_rows: list[int], options: EngineOptions) -> list[DraftPlan]:
+    def plan(
+        self, seqs: list[Sequence], prefills: list[tuple[Sequence, int]], options: EngineOptions
+    ) -> list[DraftPlan]:
         """Ask each allowed drafter what it could offer, then let the policy decide (0 tokens = plain)."""
         offers: list[dict[str, tuple[Drafter, DraftOption]]] = []
         for seq in seqs:
@@ -55,7 +57,7 @@ class Drafting:
             offers.append(allowed)
         if not any(offers):
             return [DraftPlan() for _ in seqs]
-        return self.policy.plan(seqs, offers, prefill_rows)
+        return self.policy.plan(seqs, offers, [n for _, n in prefills], [seq.slot for seq, _ in prefills])
 
     @staticmethod
     def _speculating(seq: Sequence, options: EngineOptions) -> bool:

@@ -98,6 +98,7 @@ class SpeculativeEngine:
         self._texts: dict[str, OutputText] = {}
         self._step_tokens = 0  # rows of the step's target pass (its cost is observed after verification)
         self._step_timing = StepTiming(0.0, 0)
+        self._step_passes = 0  # passes over the weights it ran as (llama.cpp splits calls by KV stream)
         self._step_seconds = 0.0
 
     # -- requests ---------------------------------------------------------------------------------
@@ -183,7 +184,7 @@ class SpeculativeEngine:
         batch = self.scheduler.schedule()
         if batch.empty:
             return []
-        plans = self.drafting.plan(batch.decodes, [n for _, n in batch.prefills], self.options)
+        plans = self.drafting.plan(batch.decodes, batch.prefills, self.options)
         proposals = self.drafting.propose(batch.decodes, plans)
         logits = self._evaluate(batch.prefills, batch.decodes, proposals)
         emitting = self._emitting(batch.prefills, batch.decodes, plans, proposals)
@@ -222,6 +223,9 @@ class SpeculativeEngine:
             verify = [seq.tokens[-1], *proposal.token_ids]
             chunks.append(DecodeChunk(seq.slot, verify, seq.num_computed, len(verify)))
         self._step_tokens = sum(len(c.tokens) for c in chunks)
+        self._step_passes = len(
+            self.target.call_rows([len(c.tokens) for c in chunks], [c.seq_id for c in chunks])
+        )
         start = time.perf_counter()
         logits = self.target.decode(chunks)
         self._step_seconds = time.perf_counter() - start
@@ -237,7 +241,7 @@ class SpeculativeEngine:
         device_seconds = self.target.last_decode_seconds()
         elapsed = self._step_seconds if device_seconds is None else device_seconds
         self._step_timing = StepTiming(elapsed, self._step_tokens)
-        if not prefills:
+        if not prefills and self._step_passes == 1:  # a step of several passes is not one table entry
             self.costs.target.observe(self._step_tokens, elapsed)
         self.stats.verify_seconds += elapsed
         for seq in decodes:

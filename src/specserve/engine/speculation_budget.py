@@ -9,7 +9,7 @@ their accepted drafts saved, and the policy may draft for it only while the net 
 ``share`` of the request's decoding time plus an ``allowance`` of one one-token step (the price of finding
 out); past it, the request decodes plainly until its share of time restores the budget. Gains (copying text)
 build up credit, so speculation that pays is never stopped. While the policy's acceptance estimate is still
-mostly prior (a fresh process: ``TRUSTED_DRAFTS`` in draft_policy.py), a draft may not risk more than the
+mostly prior (a fresh process: ``TRUSTED_DRAFTS`` in cost_policy.py), a draft may not risk more than the
 headroom left (its rejection cost), so drafts grow with the credit earned: the request then loses at most
 its budget, plus one probe (the shortest draft that pays, where even that does not fit the headroom). On a
 trusted estimate, once two of the request's own drafts have been accepted in full, one draft may overshoot it

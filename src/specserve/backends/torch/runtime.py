@@ -213,7 +213,7 @@ class TorchRuntime(ModelRuntime[torch.Tensor]):
             return logits, None
         return logits, StepLogits(hidden, row_offsets([len(p.tokens) for p in pieces]))
 
-    def call_rows(self, chunk_rows: Sequence[int]) -> list[int]:
+    def call_rows(self, chunk_rows: Sequence[int], seq_ids: Sequence[int] | None = None) -> list[int]:
         return [sum(hi - lo for _, lo, hi in call) for call in self._pack(chunk_rows)]
 
     @staticmethod

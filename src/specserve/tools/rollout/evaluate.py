@@ -53,8 +53,9 @@ class RecordingPolicy(DraftLengthPolicy):
         seqs: Seq[Sequence],
         options: Seq[Mapping[str, tuple[Drafter, DraftOption]]],
         prefill_rows: Seq[int] = (),
+        prefill_slots: Seq[int] | None = None,
     ) -> list[DraftPlan]:
-        return self.inner.plan(seqs, options, prefill_rows)
+        return self.inner.plan(seqs, options, prefill_rows, prefill_slots)
 
     def observe(self, seq: Sequence, plan: DraftPlan, num_accepted: int) -> None:
         if plan.drafter is not None and plan.num_tokens > 0:
