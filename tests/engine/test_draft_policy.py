@@ -11,6 +11,7 @@ from specserve.backends.base import one_call
 from specserve.backends.llama_cpp_passes import stream_passes
 from specserve.drafters.base import Drafter, DraftOption, Proposal
 from specserve.drafters.ngram import NgramDrafter
+from specserve.drafters.suffix import SuffixDrafter
 from specserve.engine.cost_model import CostModel, StepCostTable
 from specserve.engine.cost_policy import CostAwarePolicy
 from specserve.engine.draft_policy import (
@@ -312,6 +313,28 @@ def test_the_policy_prices_the_passes_of_its_sequences_kv_streams() -> None:
     # Both drafting four tokens: one pass of 10 rows.
     both = policy.plan([scheduled(0), scheduled(1)], [ngram_option(4, "match<=8")] * 2, [], [])
     assert [p.num_tokens for p in both] == [4, 4]
+
+
+def test_a_draft_that_slows_its_batch_mates_must_gain_its_request_more_than_it_costs_them() -> None:
+    """Every sequence waits for the whole pass. A request copying at 0.99 drafts 16 alone; beside three
+    with nothing to draft, 16 rows would make their steps 2.5x longer for its 16 tokens: the batch's total
+    rises, but the product of the requests' speed-ups falls, and the policy keeps that product (copy-free
+    requests fell to 0.70x plain at concurrency 4 when it kept the total). Four copying requests all draft."""
+    table = StepCostTable.from_samples({1: STEP, 4: STEP * 1.2, 20: STEP * 3.0, 64: STEP * 8})
+    copying: Options = {"suffix": (SuffixDrafter(), DraftOption(16, "match>16", token_probs=(0.99,) * 16))}
+
+    def plan(options: list[Options]) -> list[int]:
+        seqs = [make_seq(f"s{slot}") for slot in range(len(options))]
+        for slot, seq in enumerate(seqs):
+            seq.slot = slot
+        unbounded = SpeculationBudget(allowance_steps=1e6)  # the budget is not what is tested here
+        plans = CostAwarePolicy(CostModel(table), budget=unbounded).plan(seqs, options, [], [])
+        return [p.num_tokens for p in plans]
+
+    assert plan([copying]) == [16]
+    beside_three = plan([copying, {}, {}, {}])
+    assert beside_three[0] <= 4 and beside_three[1:] == [0, 0, 0]
+    assert all(k >= 12 for k in plan([copying] * 4))
 
 
 class SelfPricedStub(StubDrafter):

@@ -383,3 +383,27 @@ def test_a_step_of_several_passes_does_not_refine_the_cost_table(tiny_models: Ti
                 learned[passes].append(engine.costs.target.observations > seen)
     assert learned[2] and not any(learned[2])
     assert any(learned[1])  # (not all: a step more than 3x off its price is an outlier, on a busy machine)
+
+
+def test_auto_asks_the_suffix_drafter_where_it_covers_the_ngram_drafter(
+    tiny_models: TinyModels, plain_greedy: Sequence, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under ``auto`` the n-gram drafter is not asked while the suffix drafter is loaded (it makes every
+    draft the n-gram drafter would, priced per token); a request naming it still gets it, and once the
+    suffix drafter is disabled ``auto`` falls back to it."""
+    with make_engine(tiny_models) as engine:
+        run_all(engine, [(PROMPT, GREEDY, None), (PROMPT, GREEDY, "ngram")])
+        assert engine.stats.drafts_by_drafter["suffix"] > 0
+        assert engine.stats.drafts_by_drafter["ngram"] > 0  # the request that named it
+        ngram_drafts = engine.stats.drafts_by_drafter["ngram"]
+        run_all(engine, [(PROMPT, GREEDY, None)])
+        assert engine.stats.drafts_by_drafter["ngram"] == ngram_drafts  # not asked under auto
+
+        def broken(*_args: object) -> list[object]:
+            raise RuntimeError("simulated index fault")
+
+        monkeypatch.setattr(engine.drafters["suffix"], "_occurrences", broken)
+        (seq,) = run_all(engine, [(PROMPT, GREEDY, None)])
+        assert "suffix" not in engine.drafters
+        assert engine.stats.drafts_by_drafter["ngram"] > ngram_drafts
+    assert seq.output_ids == plain_greedy.output_ids

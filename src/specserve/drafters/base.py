@@ -72,6 +72,9 @@ class Drafter(ABC):
     reads_target_states: ClassVar[bool] = False
     """Whether it drafts from the target's hidden states: the engine then reports every committed row of
     the target's passes to :meth:`committed`."""
+    covers: ClassVar[frozenset[str]] = frozenset()
+    """Drafters whose every draft this one could make from the same text, better priced: where both may
+    serve an ``auto`` request, only this one is asked (a request naming the other still gets it)."""
 
     def begin(self, seq: Sequence) -> None:  # noqa: B027 - optional hook
         """A request starts; set up per-request state in ``seq.drafter_state``."""

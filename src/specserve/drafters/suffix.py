@@ -49,6 +49,12 @@ class SuffixDrafter(Drafter):
     """Model-free drafter over the request's context and its tenant's recent outputs."""
 
     name = "suffix"
+    covers = frozenset({"ngram"})
+    """It matches the same context suffixes as the n-gram drafter (and the tenant's recent outputs), with an
+    estimate per token from how often each continuation followed the match. Offered beside it under
+    ``auto``, the policy took the n-gram drafter's long drafts after short matches on its coarser bucket
+    estimate: on the agent traces at concurrency 4 (Xeon AVX-512) 48 n-gram drafts kept 51 % of their tokens
+    where 171 suffix drafts kept 77 %, and auto ran 1.07x plain against suffix alone 1.15x."""
 
     def __init__(
         self,

@@ -1,11 +1,15 @@
 """The cost-aware draft policy: how many tokens to draft for each sequence, and with which drafter, to
-maximise the expected emitted tokens per second of the whole batch step::
+maximise the geometric mean over the batch's sequences of each one's expected tokens per second::
 
+    rate       = (product over s of tokens(s)) ^ (1 / n) / step_time
     tokens(s)  = 1 + a + a^2 + ... + a^k          (a: estimated chance the next draft token is accepted,
                                                     given the previous one was — a geometric model; or the
                                                     drafter's own per-token estimates, calibrated)
     step_time  = sum over the runtime's passes of target(rows of the pass)   (measured table)
                + draft rounds                      (draft-model only: catch-up batch, then k_max - 1 rounds)
+
+Every sequence waits for the whole step, so a draft that lengthens it must gain its own request more, as a
+ratio, than it costs the others (with one sequence this is its tokens per second).
 
 The passes are the runtime's (``ModelRuntime.call_rows``): llama.cpp runs sequences whose chunks differ in
 rows, or whose KV streams are not consecutive, as separate passes, so the policy also tries one draft length
@@ -19,6 +23,7 @@ small share of its time).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
@@ -210,12 +215,18 @@ class CostAwarePolicy(DraftLengthPolicy):
         prefill_seconds: float,
         slots: Seq[int] | None = None,
     ) -> float:
-        """Expected tokens per second of the decoding part of one batch step under ``plans``.
+        """Expected tokens per second of the decoding part of one batch step under ``plans``: the
+        geometric mean over its sequences of each one's expected tokens, per second of the step.
+
+        The geometric mean, not the total: every sequence waits for the whole pass, so one request's draft
+        slows its batch-mates, and maximising the total let copying requests drag copy-free ones to 0.70x
+        plain at concurrency 4. A draft now has to gain its own request more, as a ratio, than it costs the
+        others (the product of the requests' speed-ups is maximised); with one sequence both are the same.
 
         Prompt tokens sharing the pass are paid for whatever the plans are, so only the time they add on top
         of the prompt tokens counts (the marginal cost of the verify positions).
         """
-        tokens = 0.0
+        log_tokens = 0.0
         verify_rows: list[int] = []
         draft_rounds: dict[int, int] = {}
         catch_up = 0
@@ -223,9 +234,8 @@ class CostAwarePolicy(DraftLengthPolicy):
         for plan in plans:
             verify_rows.append(1 + plan.num_tokens)
             if plan.drafter is None:
-                tokens += 1.0
-                continue
-            tokens += plan.expected_tokens()
+                continue  # one token: log 1
+            log_tokens += math.log(plan.expected_tokens())
             if plan.drafter.draft_seconds(1, plan.num_tokens) is not None:
                 self_priced.setdefault(plan.drafter.name, (plan.drafter, []))[1].append(plan.num_tokens)
             elif plan.drafter.uses_model:
@@ -240,7 +250,7 @@ class CostAwarePolicy(DraftLengthPolicy):
             seconds += self.costs.draft(catch_up) + sum(self.costs.draft(n) for n in draft_rounds.values())
         for drafter, lengths in self_priced.values():  # one batched proposal each
             seconds += drafter.draft_seconds(len(lengths), max(lengths)) or 0.0
-        return tokens / seconds if seconds > 0 else 0.0
+        return math.exp(log_tokens / max(len(plans), 1)) / seconds if seconds > 0 else 0.0
 
     def _call_seconds(self, chunk_rows: Seq[int], slots: Seq[int] | None = None) -> float:
         """Target time of a step over chunks of these sizes (prompt chunks first, as the engine orders

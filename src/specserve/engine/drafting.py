@@ -68,8 +68,11 @@ class Drafting:
         spec = seq.speculation
         if not self._speculating(seq, options):
             return ()
-        names = options.drafters if spec.drafter in (None, "auto") else (spec.drafter,)
-        return tuple(n for n in names if n in self.drafters)
+        if spec.drafter not in (None, "auto"):
+            return (spec.drafter,) if spec.drafter in self.drafters else ()
+        loaded = [n for n in options.drafters if n in self.drafters]
+        covered = {c for n in loaded for c in self.drafters[n].covers}
+        return tuple(n for n in loaded if n not in covered)
 
     def _draft_limit(self, seq: Sequence, options: EngineOptions) -> int:
         """Draft tokens allowed for seq: the configured bound, and room left in its context."""
