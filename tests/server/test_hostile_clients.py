@@ -223,3 +223,14 @@ def test_sigkill_mid_stream_then_restart_serves_cleanly(
         assert done.status_code == 200 and done.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     finally:
         assert stop_server(again) == 0
+
+
+def test_idle_connections_outlive_the_clients_expiry_regression_keepalive_race(server: ServerProcess) -> None:
+    # uvicorn closed idle connections at 5 s, httpx's (the openai client's) own idle expiry: a request sent
+    # at that moment into a connection being closed never reached the server (a transport error).
+    with _connect(server) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        assert not _closed_within(sock, 6.0)  # client_timeout (10 s) is the idle allowance
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
