@@ -32,10 +32,15 @@ class GrammarSpec:
 
     ``json_schema``: a JSON Schema (as JSON text); ``json_object``: any JSON object (text unused);
     ``regex``: a regular expression; ``choice``: a JSON list of strings; ``grammar``: Lark or GBNF (EBNF).
+
+    With ``triggers`` the grammar is *lazy*, as llama.cpp's are for tool calls: the output is free until one
+    of these regular expressions (Python syntax, over the output's UTF-8 bytes) first matches it; from that
+    match's start on, the output must follow the grammar (the matched text included).
     """
 
     kind: str
     text: str = ""
+    triggers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in GRAMMAR_KINDS:

@@ -8,6 +8,7 @@ do not depend on speculation.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence as Seq
 from pathlib import Path
 
@@ -129,8 +130,6 @@ def test_sampled_constrained_output_always_validates(tiny_models: TinyModels, se
     ],
 )
 def test_other_grammar_kinds(tiny_models: TinyModels, kind: str, text: str, check: str) -> None:
-    import re
-
     seq = _run(tiny_models, SamplingParams(max_tokens=120, grammar=GrammarSpec(kind, text)), "auto")
     assert re.match(check, seq.text, re.S), seq.text
     if kind == "json_object":
@@ -226,3 +225,32 @@ def test_a_grammar_that_fails_mid_request_fails_only_that_request(tiny_models: T
         engine.close()
     assert bad.finish_reason == "error" and good.finish_reason == "length"
     assert len(good.output_ids) == 60
+
+
+def _trigger_window(text: str) -> int:
+    """The first offset from 8 on where 4 plain ASCII characters occur for the first time in ``text``."""
+    for i in range(8, len(text) - 4):
+        window = text[i : i + 4]
+        if all(c.isascii() and c.isprintable() and c not in '"\\' for c in window) and text.find(window) == i:
+            return i
+    raise AssertionError(f"no plain 4-character window in {text!r}")
+
+
+def test_a_lazy_grammar_is_free_until_its_trigger_and_exact_with_speculation(tiny_models: TinyModels) -> None:
+    """Before the trigger the output is the unconstrained one; from the trigger's start on the grammar's; and
+    drafts that cross the trigger are verified under exactly the masks plain decoding applies."""
+    free = _run(tiny_models, SamplingParams(max_tokens=40, ignore_eos=True), "none").text
+    at = _trigger_window(free)
+    trigger = free[at : at + 4]
+    grammar = f"start: {json.dumps(trigger)} DIGITS\nDIGITS: /[0-9]{{1,12}}/\n"
+    params = SamplingParams(
+        max_tokens=80, grammar=GrammarSpec("grammar", grammar, triggers=(re.escape(trigger),))
+    )
+    plain = _run(tiny_models, params, "none")
+    assert plain.text.startswith(free[: at + 4])
+    assert re.fullmatch(r"[0-9]{1,12}", plain.text[at + 4 :]), plain.text
+    assert plain.finish_reason == "stop"
+    for drafter in ("ngram", "suffix", "draft-model"):
+        seq = _run(tiny_models, params, drafter)
+        assert seq.output_ids == plain.output_ids, drafter
+        assert seq.stats.num_drafts > 0

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -16,41 +13,9 @@ import httpx
 import openai
 import pytest
 
-from server.process import free_port  # tests/ is on sys.path (rootdir conftest)
-from specserve.models import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET, ModelStore
+from specserve.models import DEFAULT_TARGET
 
 pytestmark = pytest.mark.model
-
-
-@pytest.fixture(scope="module")
-def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    store = ModelStore()
-    if store.locate(CATALOG[DEFAULT_TARGET]) is None or store.locate(CATALOG[DEFAULT_DRAFT]) is None:
-        pytest.skip("default models not pulled (run: specserve models pull)")
-    port = free_port()
-    log = tmp_path_factory.mktemp("serve") / "server.log"
-    # One thread: the test client runs at the same time on this 2-core machine. A fixed draft length,
-    # because the cost policy would rarely draft on this CPU and the test wants drafts to verify.
-    flags = "--threads 1 --max-running 2 --drafter auto --load-draft always --draft-policy fixed"
-    command = [sys.executable, "-m", "specserve.cli", "serve", "--port", str(port), *flags.split()]
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    try:
-        while True:
-            assert process.poll() is None, Path(log).read_text()
-            try:
-                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server not ready in 300 s"
-            time.sleep(0.5)
-        yield url
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=60)
 
 
 def test_greedy_chat_is_identical_with_speculation_on_and_off(base_url: str) -> None:

@@ -194,7 +194,17 @@ def test_required_and_named_tool_choice_produce_tool_calls(client: openai.OpenAI
             chunks = list(chat(client, ON, stream=True, **kw))
             deltas = [t for c in chunks if c.choices for t in (c.choices[0].delta.tool_calls or [])]
             assert deltas and [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
-            calls = [(d.function.name, d.function.arguments) for d in deltas]
+            assembled: dict[int, list[str]] = {}  # as OpenAI's clients assemble streamed calls
+            for d in deltas:
+                assert d.function is not None
+                if d.index not in assembled:
+                    assert d.id and d.function.name and d.function.arguments == ""  # the head first
+                    assembled[d.index] = [d.function.name, ""]
+                else:
+                    assert d.id is None and d.function.name is None
+                assembled[d.index][1] += d.function.arguments or ""
+            assert len(deltas) > len(assembled)  # arguments arrive in pieces, not whole
+            calls = [(name, arguments) for name, arguments in assembled.values()]
         else:
             response = chat(client, ON, **kw)
             assert response.choices[0].finish_reason == "tool_calls"
@@ -410,3 +420,20 @@ def test_unsupported_and_harmless_fields(client: openai.OpenAI) -> None:
             client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, extra_body=extra)
     with pytest.raises(openai.BadRequestError):  # the tiny model has no FIM tokens
         client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, suffix="    return x\n")
+
+
+def test_a_tool_whose_parameters_do_not_compile_is_a_400_under_auto(client: openai.OpenAI) -> None:
+    """Under ``auto`` the tools are a (lazy) grammar too: a schema llguidance refuses is the client's error,
+    named as such, and the server goes on serving."""
+    broken = {"type": "function", "function": {"name": "broken", "parameters": {"$ref": "#/nowhere"}}}
+    with pytest.raises(openai.BadRequestError) as error:
+        chat(client, OFF, tools=[broken], max_tokens=4)
+    assert error.value.body["param"] == "tools"  # type: ignore[index]
+    assert chat(client, OFF, tools=[WEATHER_TOOL], max_tokens=4).choices[0].finish_reason == "length"
+
+
+def test_tool_choice_without_tools_is_a_400(client: openai.OpenAI) -> None:
+    for choice in ("required", {"type": "function", "function": {"name": "get_time"}}):
+        with pytest.raises(openai.BadRequestError, match="tool_choice needs tools"):
+            chat(client, OFF, tool_choice=choice, max_tokens=4)
+    assert chat(client, OFF, tool_choice="auto", max_tokens=4).choices[0].finish_reason == "length"

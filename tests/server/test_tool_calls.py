@@ -16,7 +16,9 @@ import llguidance
 import pytest
 
 from specserve.backends.llama_cpp_vocab import LlamaCppVocabulary
-from specserve.server.tool_calls import StreamingToolParser, ToolParsing, tool_choice_grammar
+from specserve.server.tool_calls import StreamingToolParser
+from specserve.server.tool_grammar import tool_choice_grammar
+from specserve.server.tool_stream import ToolParsing
 from specserve.structured.tokenizer import llg_tokenizer
 from support.tiny_models import TinyModels
 
@@ -345,3 +347,31 @@ def test_a_bare_json_call_naming_an_offered_tool(text: str, call: bool) -> None:
         tail = stream.finish()
         assert "".join(c for c, _ in [*pieces, tail]) == content
         assert len([x for _, cs in [*pieces, tail] for x in cs]) == len(calls)
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ('{{"name": "get_weather", "arguments": {"city": "Paris"}}}', ["get_weather"]),
+        ('```json\n{{"name": "noop", "arguments": {}}}\n```', ["noop"]),
+        (
+            '```json\n[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "noop"}]\n```',
+            ["get_weather", "noop"],
+        ),
+        ('[{"name": "noop", "arguments": {}}]', ["noop"]),
+        ('<tool_call>\n{{"name": "noop", "arguments": {}}}\n</tool_call>', ["noop"]),
+        ('[{"name": "noop", "arguments": {}}, {"name": "other", "arguments": {}}]', []),  # one not offered
+        ("[1, 2, 3]", []),
+        ("[see the docs](https://example.com)", []),
+        ("{{not json}}", []),
+    ],
+)
+def test_every_spelling_of_calls_the_model_family_writes(text: str, names: list[str]) -> None:
+    """Doubled braces (Qwen2.5's template shows the call so), arrays of calls, bare or fenced."""
+    content, calls = PARSING.parse(text)
+    assert [c["function"]["name"] for c in calls] == names
+    assert content == ("" if names else text.strip())
+    stream = PARSING.streaming()
+    pieces = [stream.feed(text[i : i + 3]) for i in range(0, len(text), 3)] + [stream.finish()]
+    assert "".join(p[0] for p in pieces) == content
+    assert [c["function"]["name"] for p in pieces for c in p[1]] == names

@@ -52,7 +52,7 @@ from specserve.server.streaming import (
     stream_events,
 )
 from specserve.server.tokenize import router as tokenize_router
-from specserve.server.tool_calls import ToolParsing
+from specserve.server.tool_stream import ToolParsing
 from specserve.structured.grammar import GrammarError
 
 log = logging.getLogger("specserve.server")
@@ -191,8 +191,8 @@ async def compile_grammar(engine: AsyncEngine, spec: GrammarSpec) -> None:
     copies the cached result); a grammar that does not compile is a 400."""
     try:
         await asyncio.to_thread(engine.grammars.compile, spec)
-    except GrammarError as exc:
-        raise invalid_request(str(exc), "response_format") from None
+    except GrammarError as exc:  # a tool's parameters are a grammar too (tool_choice's)
+        raise invalid_request(str(exc), "tools" if spec.triggers else "response_format") from None
 
 
 def echo_text(vocabulary: Vocabulary, request: p.CompletionRequest) -> str:

@@ -2,8 +2,9 @@
 ``tool_choice``, chat's logprobs fields. Shared fields and their validation are in protocol.py.
 
 Tools are rendered by the model's own chat template. ``tool_choice`` ``required`` or a named function
-becomes a grammar (server/tool_calls.py) that forces Hermes-style tool calls; with ``auto`` the model
-chooses, and its calls are parsed from the output. Function names follow OpenAI's rule, which also keeps
+becomes a grammar (server/tool_grammar.py) that forces Hermes-style tool calls; with ``auto`` the model
+chooses, under a lazy grammar that applies once it starts a call, and its calls are parsed from the
+output. Function names follow OpenAI's rule, which also keeps
 template text out of them.
 """
 
@@ -18,7 +19,8 @@ from specserve.request import MAX_LOGPROBS, GrammarSpec
 from specserve.server.errors import invalid_request
 from specserve.server.protocol import SamplingRequest
 from specserve.server.strict import StrictModel
-from specserve.server.tool_calls import ToolParsing, tool_choice_grammar
+from specserve.server.tool_grammar import auto_tool_grammar, tool_choice_grammar
+from specserve.server.tool_stream import ToolParsing
 
 FUNCTION_NAME = r"^[A-Za-z0-9_.\-]{1,64}$"
 """OpenAI's rule for function names; it also keeps template text out of the names the template writes raw."""
@@ -150,17 +152,30 @@ class ChatCompletionRequest(SamplingRequest):
         return [t.model_dump(exclude_none=True) for t in self.tools]
 
     def tool_parsing(self) -> ToolParsing | None:
-        """How tool calls are read from the output; None when the request offers no tools."""
+        """How tool calls are read from the output; None when the request offers no tools. Under a tool
+        grammar (``grammar()``'s) calls stream piece by piece."""
         tools = self.template_tools()
-        return None if tools is None else ToolParsing(frozenset(t["function"]["name"] for t in tools))
+        if tools is None:
+            return None
+        names = frozenset(t["function"]["name"] for t in tools)
+        spec = self.grammar()
+        if spec is None or super().grammar() is not None:  # no grammar, or the response format's
+            return ToolParsing(names)
+        return ToolParsing(names, spec.triggers, forced=not spec.triggers)
 
     def grammar(self) -> GrammarSpec | None:
         """``tool_choice`` ``required`` or a named function is a grammar too (one constraint per request)."""
         spec = super().grammar()
         tool_choice = self.tool_choice
         choice = tool_choice.function.name if isinstance(tool_choice, NamedToolChoice) else tool_choice
-        if choice in (None, "auto", "none"):
+        if choice == "none" or (choice in (None, "auto") and not self.tools):
             return spec
+        if choice in (None, "auto"):  # free text, or calls of offered tools once the model starts one
+            try:
+                lazy = auto_tool_grammar(self.template_tools() or [], self.parallel_tool_calls is not False)
+            except ValueError as exc:
+                raise invalid_request(str(exc), "tools") from None
+            return spec if spec is not None else lazy  # a response_format constrains the text instead
         if not self.tools:
             raise invalid_request("tool_choice needs tools", "tool_choice")
         if spec is not None:

@@ -11,7 +11,7 @@ from specserve.engine.engine import RequestOutput
 from specserve.sequence import Sequence, SpecStats
 from specserve.server import responses as r
 from specserve.server.logprobs_format import chat_logprobs, completion_logprobs
-from specserve.server.tool_calls import ToolParsing
+from specserve.server.tool_stream import ToolParsing
 from specserve.verify.logprobs import TokenLogprobs
 
 

@@ -34,6 +34,7 @@ from specserve.server.chunks import ChunkFormat
 from specserve.server.errors import from_engine_error, internal_error
 from specserve.server.middleware import note_stream_error
 from specserve.server.tool_calls import StreamingToolParser
+from specserve.server.tool_stream import GrammarToolStream
 from specserve.verify.logprobs import TokenLogprobs
 
 log = logging.getLogger("specserve.server")
@@ -78,7 +79,7 @@ class _ChoiceStream:
 
     sent: int = 0
     pending: list[TokenLogprobs] = field(default_factory=list)
-    parser: StreamingToolParser | None = None
+    parser: StreamingToolParser | GrammarToolStream | None = None
     calls: int = 0
 
 

@@ -16,6 +16,8 @@ copy for a new request is cheap. :class:`GrammarState` is one sequence's matcher
 from __future__ import annotations
 
 import json
+import logging
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -28,6 +30,8 @@ import numpy.typing as npt
 from specserve.errors import UserError
 from specserve.request import GrammarSpec
 from specserve.structured.tokenizer import GrammarVocabulary, llg_tokenizer
+
+log = logging.getLogger("specserve.engine")
 
 CACHE_SIZE = 256
 """Compiled grammars kept (a schema that agents send with every call compiles once)."""
@@ -115,7 +119,13 @@ class GrammarCompiler:
 
     def state(self, spec: GrammarSpec) -> GrammarState:
         matcher = self.compile(spec)
-        return GrammarState(matcher, self.words, self._eos_ids)
+        if not spec.triggers:
+            return GrammarState(matcher, self.words, self._eos_ids)
+        try:
+            triggers = [re.compile(t.encode()) for t in spec.triggers]
+        except re.error as exc:
+            raise GrammarError(f"invalid grammar trigger: {exc}") from None
+        return LazyGrammarState(matcher, self.words, self._eos_ids, triggers, self.tokenizer())
 
 
 class GrammarState:
@@ -132,33 +142,37 @@ class GrammarState:
         """Time spent in the grammar engine for this sequence: masks, forced tokens, commits."""
 
     def row_masks(self, draft_ids: Sequence[int]) -> npt.NDArray[np.int32]:  # [k + 1, words] int32
-        """The allowed tokens of each verify row; the matcher is left where it was.
+        """The allowed tokens of each verify row; the matcher is left where it was (see :meth:`_walk`)."""
+        start = time.perf_counter()
+        masks = np.full((len(draft_ids) + 1, self._words), -1, dtype=np.int32)  # unused rows allow all
+        try:
+            self._walk(self._matcher, masks, draft_ids, 0)
+        finally:
+            self._charge(start)
+        self._check()
+        return masks
+
+    def _walk(self, matcher: Any, masks: npt.NDArray[np.int32], draft_ids: Sequence[int], first: int) -> None:
+        """Fill ``masks[first:]`` from ``matcher``, which stands after ``draft_ids[:first]``, and put it back.
 
         The walk stops at the first draft the grammar forbids and at an end-of-generation draft: rows after
         either are never emitted (the first is rejected by its own row, the second ends the output), and an
         end is never consumed — a complete grammar's matcher takes it without recording it, so counting it
         would roll back a committed token."""
-        start = time.perf_counter()
-        masks = np.full((len(draft_ids) + 1, self._words), -1, dtype=np.int32)  # unused rows allow all
         consumed = 0
-        try:
-            for j in range(len(draft_ids) + 1):
-                self._fill(masks[j])
-                if j == len(draft_ids):
-                    break
-                token = draft_ids[j]
-                if token in self._eos or not _allowed(masks[j], token) or self._matcher.is_stopped():
-                    break
-                if not self._matcher.consume_token(token):
-                    self._check()
-                    break
-                consumed += 1
-            if consumed and not self._matcher.rollback(consumed):
-                self._check()
-        finally:
-            self._charge(start)
-        self._check()
-        return masks
+        for j in range(first, len(draft_ids) + 1):
+            self._fill(matcher, masks[j])
+            if j == len(draft_ids):
+                break
+            token = draft_ids[j]
+            if token in self._eos or not _allowed(masks[j], token) or matcher.is_stopped():
+                break
+            if not matcher.consume_token(token):
+                _check(matcher)
+                break
+            consumed += 1
+        if consumed and not matcher.rollback(consumed):
+            _check(matcher)
 
     def forced(self, limit: int) -> list[int]:
         """Up to ``limit`` tokens the grammar forces next (none when it allows a choice)."""
@@ -197,14 +211,113 @@ class GrammarState:
         """The grammar allows nothing more (the output is complete)."""
         return bool(self._matcher.is_stopped())
 
-    def _fill(self, row: npt.NDArray[np.int32]) -> None:
-        self._matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+    def _fill(self, matcher: Any, row: npt.NDArray[np.int32]) -> None:
+        matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
         if not row.any():  # the grammar is complete (or the row follows its end): only an end may follow
             row[:] = self._end if self._end.any() else -1
 
     def _check(self) -> None:
-        if self._matcher.is_error():
-            raise GrammarError(f"grammar state failed: {self._matcher.get_error()}")
+        _check(self._matcher)
+
+
+TRIGGER_LOOKBACK = 512
+"""Bytes before a new token that a trigger's match may start at (triggers are short)."""
+
+
+class LazyGrammarState(GrammarState):
+    """A grammar that applies only from its trigger on (``GrammarSpec.triggers``): before, every row allows
+    every token and nothing is forced; at the token that completes a trigger's match, the matcher is given
+    the text from the match's start (tokenized anew: the grammar reads bytes, and the match may start inside
+    a token) and constrains every later token. A draft run that crosses the trigger gets the grammar's
+    masks for its rows after it, so the target's distribution is masked from exactly that position on,
+    with or without speculation."""
+
+    def __init__(
+        self,
+        matcher: Any,
+        words: int,
+        eos_ids: Sequence[int],
+        triggers: Sequence[re.Pattern[bytes]],
+        tokenizer: Any,
+    ) -> None:
+        super().__init__(matcher, words, eos_ids)
+        self._triggers = list(triggers)
+        self._tokenizer = tokenizer
+        self._output = b""
+        self.active = False
+        """Whether a trigger has matched (the grammar constrains the output from then on)."""
+
+    def row_masks(self, draft_ids: Sequence[int]) -> npt.NDArray[np.int32]:  # [k + 1, words] int32
+        if self.active:
+            return super().row_masks(draft_ids)
+        start = time.perf_counter()
+        masks = np.full((len(draft_ids) + 1, self._words), -1, dtype=np.int32)
+        try:
+            text = self._output
+            for j, token in enumerate(draft_ids):
+                if token in self._eos:
+                    break
+                piece = self._piece(token)
+                text += piece
+                at = self._match(text, len(text) - len(piece))
+                if at is not None:
+                    matcher = self._matcher.deep_copy()
+                    if self._enter(matcher, text[at:]):
+                        self._walk(matcher, masks, draft_ids, j + 1)
+                    break
+        finally:
+            self._charge(start)
+        return masks
+
+    def forced(self, limit: int) -> list[int]:
+        return super().forced(limit) if self.active else []
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        if self.active:
+            super().commit(tokens)
+            return
+        start = time.perf_counter()
+        try:
+            for i, token in enumerate(tokens):
+                if token in self._eos:
+                    continue
+                piece = self._piece(token)
+                self._output += piece
+                at = self._match(self._output, len(self._output) - len(piece))
+                if at is None:
+                    continue
+                self.active = self._enter(self._matcher, self._output[at:])
+                self._triggers = []  # one activation; should it fail, the output stays free
+                if self.active:
+                    super().commit(tokens[i + 1 :])
+                return
+        finally:
+            self._charge(start)
+
+    def is_stopped(self) -> bool:
+        return self.active and super().is_stopped()
+
+    def _piece(self, token: int) -> bytes:
+        return bytes(self._tokenizer.decode_bytes([token]))
+
+    def _match(self, text: bytes, new_from: int) -> int | None:
+        """Where the first trigger that matches ``text`` starts, or None."""
+        since = max(0, new_from - TRIGGER_LOOKBACK)
+        starts = [m.start() for t in self._triggers if (m := t.search(text, since)) is not None]
+        return min(starts) if starts else None
+
+    def _enter(self, matcher: Any, text: bytes) -> bool:
+        """Give the grammar the text since the trigger's start; False (logged) if it refuses it."""
+        tokens = self._tokenizer.tokenize_bytes(text)
+        if matcher.consume_tokens(tokens) and not matcher.is_error():
+            return True
+        log.warning("a lazy grammar refused its own trigger's text %r; the output stays free", text[:80])
+        return False
+
+
+def _check(matcher: Any) -> None:
+    if matcher.is_error():
+        raise GrammarError(f"grammar state failed: {matcher.get_error()}")
 
 
 def _allowed(mask: npt.NDArray[np.int32], token: int) -> bool:
