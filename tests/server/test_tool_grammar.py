@@ -146,3 +146,19 @@ def _trigger_start_in(compiler: GrammarCompiler, ids: list[int]) -> bool:
 def test_no_function_tools_no_grammar() -> None:
     assert auto_tool_grammar([]) is None
     assert auto_tool_grammar([{"type": "web_search"}]) is None
+
+
+def test_a_trigger_after_a_long_text_still_fires_and_an_anchored_one_does_not(
+    compiler: GrammarCompiler,
+) -> None:
+    """The lazy state keeps only the output's last bytes: a tag after 5,000 characters of prose starts the
+    grammar, a bare call there is prose (the bare spellings count at the start only)."""
+    assert SPEC is not None
+    prose = _ids(compiler, "word " * 1000)
+    tagged, bare = compiler.state(SPEC), compiler.state(SPEC)
+    for state, call in ((tagged, f"<tool_call>\n{WEATHER}"), (bare, WEATHER)):
+        assert isinstance(state, LazyGrammarState)
+        for token in prose:
+            state.commit([token])
+        state.commit(_ids(compiler, call))
+    assert tagged.active and not bare.active  # type: ignore[attr-defined]

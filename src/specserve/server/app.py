@@ -122,7 +122,6 @@ async def generate(request: Request, chat: bool) -> Response:
     if chat:
         req = p.parse_request(raw, c.ChatCompletionRequest)
         prepare = partial(chat_prompt, vocabulary, req)
-        tools = req.tool_parsing()
     else:
         req = p.parse_request(raw, p.CompletionRequest)
         prepare = partial(completion_prompt, vocabulary, info.vocab_size, req)
@@ -133,6 +132,8 @@ async def generate(request: Request, chat: bool) -> Response:
         raise invalid_request(f"Token ids in {field} must be in [0, {info.vocab_size}).", field)
     if params.grammar is not None:
         await compile_grammar(engine, params.grammar)
+    if isinstance(req, c.ChatCompletionRequest):
+        tools = req.tool_parsing(params.grammar)
     speculation = state.speculation(engine, req.speculative)
     salt = state.access.cache_salt(request.headers.get("authorization"), req.cache_salt)
     request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"

@@ -151,17 +151,16 @@ class ChatCompletionRequest(SamplingRequest):
             return None
         return [t.model_dump(exclude_none=True) for t in self.tools]
 
-    def tool_parsing(self) -> ToolParsing | None:
-        """How tool calls are read from the output; None when the request offers no tools. Under a tool
-        grammar (``grammar()``'s) calls stream piece by piece."""
+    def tool_parsing(self, grammar: GrammarSpec | None) -> ToolParsing | None:
+        """How tool calls are read from the output; None when the request offers no tools. ``grammar`` is
+        the request's (``grammar()``, already built): under a tool grammar calls stream piece by piece."""
         tools = self.template_tools()
         if tools is None:
             return None
         names = frozenset(t["function"]["name"] for t in tools)
-        spec = self.grammar()
-        if spec is None or super().grammar() is not None:  # no grammar, or the response format's
+        if grammar is None or super().grammar() is not None:  # no grammar, or the response format's
             return ToolParsing(names)
-        return ToolParsing(names, spec.triggers, forced=not spec.triggers)
+        return ToolParsing(names, grammar.triggers, forced=not grammar.triggers)
 
     def grammar(self) -> GrammarSpec | None:
         """``tool_choice`` ``required`` or a named function is a grammar too (one constraint per request)."""

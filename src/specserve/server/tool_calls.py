@@ -1,4 +1,4 @@
-"""OpenAI tool calls from the Hermes-format text Qwen2.5 writes, and the grammar that forces such calls.
+"""OpenAI tool calls from the Hermes-format text Qwen2.5 writes, when no grammar shaped them.
 
 Qwen2.5's chat template tells the model to answer a tool call as a block of text (no special tokens)::
 

@@ -30,11 +30,10 @@ from specserve.server.tool_calls import (
     partial_start,
     warn_if_not_offered,
 )
+from specserve.structured.grammar import first_trigger
 
 CALL_HEAD = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
 """A call's name and the start of its arguments (the grammar writes ``name`` first)."""
-TRIGGER_LOOKBACK = 512
-"""Characters before a delta that a trigger's match may start at (as the engine's lazy grammar)."""
 
 
 class _Arguments:
@@ -96,9 +95,9 @@ class _CallScanner:
                     break
                 name = json.loads(f'"{head.group(1)}"')
                 warn_if_not_offered(name, self._tool_names)
+                call_id = "call_" + secrets.token_hex(12)
                 function = {"name": name, "arguments": ""}
-                deltas.append({"index": self.calls, "id": "call_" + secrets.token_hex(12)})
-                deltas[-1].update(type="function", function=function)
+                deltas.append({"index": self.calls, "id": call_id, "type": "function", "function": function})
                 self.calls += 1
                 self._at, self._arguments = head.end(), _Arguments()
             piece, used, ended = self._arguments.feed(self._text[self._at :])
@@ -128,10 +127,9 @@ class GrammarToolStream:
         before, self._text = len(self._text), self._text + delta
         if self._in_calls:
             return "", self._to_calls(self._released)
-        since = max(0, before - TRIGGER_LOOKBACK)
-        starts = [m.start() for t in self._triggers if (m := t.search(self._text, since)) is not None]
-        if starts:
-            at = max(min(starts), self._released)
+        start = first_trigger(self._triggers, self._text, before)
+        if start is not None:
+            at = max(start, self._released)
             content = self._spacing.last(self._text[self._released : at])
             self._in_calls = True
             return content, self._to_calls(at)

@@ -22,7 +22,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -221,7 +221,23 @@ class GrammarState:
 
 
 TRIGGER_LOOKBACK = 512
-"""Bytes before a new token that a trigger's match may start at (triggers are short)."""
+"""Bytes (characters, for the server's parser) before new output that a trigger's match may start at
+(triggers are short)."""
+KEPT_OUTPUT = 4 * TRIGGER_LOOKBACK
+"""The most output bytes a lazy grammar keeps before its trigger (it keeps the last half of this once more
+has come): more than any match can reach back, and no copy per token that grows with the output."""
+
+AnyStr = TypeVar("AnyStr", str, bytes)
+
+
+def first_trigger(triggers: Sequence[re.Pattern[AnyStr]], text: AnyStr, new_from: int) -> int | None:
+    """Where the earliest trigger match in ``text`` that may end in ``text[new_from:]`` starts, or None.
+    The lazy grammar (over bytes) and the server's tool-call stream (over text) both ask this, so the two
+    switch at the same place. A search from past 0 never matches ``\\A``: anchored triggers fire only while
+    the output is short."""
+    since = max(0, new_from - TRIGGER_LOOKBACK)
+    starts = [m.start() for t in triggers if (m := t.search(text, since)) is not None]
+    return min(starts) if starts else None
 
 
 class LazyGrammarState(GrammarState):
@@ -243,7 +259,7 @@ class LazyGrammarState(GrammarState):
         super().__init__(matcher, words, eos_ids)
         self._triggers = list(triggers)
         self._tokenizer = tokenizer
-        self._output = b""
+        self._output = b""  # the output's last bytes (see KEPT_OUTPUT)
         self.active = False
         """Whether a trigger has matched (the grammar constrains the output from then on)."""
 
@@ -259,7 +275,7 @@ class LazyGrammarState(GrammarState):
                     break
                 piece = self._piece(token)
                 text += piece
-                at = self._match(text, len(text) - len(piece))
+                at = first_trigger(self._triggers, text, len(text) - len(piece))
                 if at is not None:
                     matcher = self._matcher.deep_copy()
                     if self._enter(matcher, text[at:]):
@@ -283,8 +299,10 @@ class LazyGrammarState(GrammarState):
                     continue
                 piece = self._piece(token)
                 self._output += piece
-                at = self._match(self._output, len(self._output) - len(piece))
+                at = first_trigger(self._triggers, self._output, len(self._output) - len(piece))
                 if at is None:
+                    if len(self._output) > KEPT_OUTPUT:  # what stays is past TRIGGER_LOOKBACK from 0, so
+                        self._output = self._output[-KEPT_OUTPUT // 2 :]  # anchored triggers stay off
                     continue
                 self.active = self._enter(self._matcher, self._output[at:])
                 self._triggers = []  # one activation; should it fail, the output stays free
@@ -299,12 +317,6 @@ class LazyGrammarState(GrammarState):
 
     def _piece(self, token: int) -> bytes:
         return bytes(self._tokenizer.decode_bytes([token]))
-
-    def _match(self, text: bytes, new_from: int) -> int | None:
-        """Where the first trigger that matches ``text`` starts, or None."""
-        since = max(0, new_from - TRIGGER_LOOKBACK)
-        starts = [m.start() for t in self._triggers if (m := t.search(text, since)) is not None]
-        return min(starts) if starts else None
 
     def _enter(self, matcher: Any, text: bytes) -> bool:
         """Give the grammar the text since the trigger's start; False (logged) if it refuses it."""
