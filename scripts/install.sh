@@ -25,5 +25,9 @@ if [[ "${1:-}" == "--dev" ]]; then
   # test_dflash2_oracle.py). Its model module needs only torch and transformers; its pinned requirements
   # (datasets, requests, tqdm==4.70.0) serve its benchmark CLI and would downgrade ours: without them.
   .venv/bin/python -m pip install --quiet --no-deps dflash==0.1.0
+  # instructor (tests/integration/test_default_pair_instructor.py) caps jiter below 0.15, and every openai
+  # from 3.31 on needs jiter 0.16 or later: with its requirements pip would take openai back to 3.3 and
+  # break pydantic-ai and the Agents SDK. Its code runs on today's jiter; its other requirements are in dev.
+  .venv/bin/python -m pip install --quiet --no-deps instructor==1.17.0
 fi
 echo "installed: $(.venv/bin/specserve --help >/dev/null && echo specserve) in .venv" >&2

@@ -143,6 +143,8 @@ def _planned_exactness(exact: bool) -> dict[str, object]:
 def _sampling(args: argparse.Namespace) -> Any:
     from specserve.request import SamplingParams
 
+    if args.max_tokens < 1:  # 0 is the HTTP API's prompt-only request; generate always generates
+        raise CliError(f"max_tokens must be >= 1, got {args.max_tokens}")
     try:
         return SamplingParams(
             temperature=args.temperature,

@@ -173,6 +173,15 @@ class Settings:
     shutdown_grace_seconds: float = _server(
         30.0, "On SIGTERM, seconds in-flight requests may take to finish before the server exits."
     )
+    responses_store_entries: int = _server(
+        1024,
+        "Responses (POST /v1/responses with store) kept for GET and previous_response_id, over all API "
+        "keys; the oldest is evicted first (0 = none kept).",
+    )
+    responses_store_bytes: int = _server(
+        64 * 1024 * 1024,
+        "Bytes of stored responses (each with its conversation, as JSON) kept; the oldest is evicted first.",
+    )
     # -- scale-out (Ray Serve; needs the extra: pip install 'specserve[ray]')
     replicas: int = _scale_out(
         0,
@@ -234,6 +243,8 @@ class Settings:
             "replicas",
             "suffix_cache_requests",
             "suffix_cache_tokens",
+            "responses_store_entries",
+            "responses_store_bytes",
         ):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{name} must be >= 0, got {getattr(self, name)}")

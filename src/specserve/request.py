@@ -62,7 +62,7 @@ class SamplingParams:
     seed: int | None = None
     """Seed of the request's random streams; None draws one from the OS."""
     max_tokens: int = 256
-    """Maximum number of generated tokens."""
+    """Maximum number of generated tokens; 0 evaluates the prompt only (for its ``prompt_logprobs``)."""
     stop: tuple[str, ...] = ()
     """Stop strings; the output ends just before the first occurrence and excludes it."""
     ignore_eos: bool = False
@@ -81,6 +81,9 @@ class SamplingParams:
     """Return each emitted token's log-probability and this many most likely alternatives; None: none."""
     grammar: GrammarSpec | None = None
     """Constrain the output to a grammar (structured outputs); None: free text."""
+    prompt_logprobs: int | None = None
+    """Return each prompt token's log-probability (the first has none) and this many most likely
+    alternatives at its position, from the prefill pass; None: none."""
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.temperature) or self.temperature < 0:
@@ -91,8 +94,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not (0.0 <= self.min_p <= 1.0):
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {self.max_tokens}")
         if self.seed is not None and not (0 <= self.seed < 2**63):
             raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
         if any(not s for s in self.stop):
@@ -105,8 +108,10 @@ class SamplingParams:
             raise ValueError(f"repetition_penalty must be in [0.01, 10], got {self.repetition_penalty}")
         if any(not (math.isfinite(b) and -100.0 <= b <= 100.0) for _, b in self.logit_bias):
             raise ValueError("logit_bias values must be in [-100, 100]")
-        if self.logprobs is not None and not (0 <= self.logprobs <= MAX_LOGPROBS):
-            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not (0 <= value <= MAX_LOGPROBS):
+                raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}], got {value}")
 
     def unknown_token_ids(self, vocab: int) -> str | None:
         """The field (``logit_bias`` or ``stop_token_ids``) with a token id outside ``[0, vocab)``, if any."""

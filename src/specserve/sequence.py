@@ -121,6 +121,8 @@ class Sequence:
     """The request's grammar state (``structured.grammar.GrammarState``) when its output is constrained."""
     logprobs: list[object] = field(default_factory=list)
     """Per emitted token, its log-probabilities (``verify.logprobs.TokenLogprobs``) when they were asked."""
+    prompt_logprobs: list[object] = field(default_factory=list)
+    """Per prompt token, ``engine.prompt_logprobs.PromptLogprob`` (None for the first), when asked."""
     arrival_time: float = field(default_factory=time.perf_counter)
     scheduled_time: float | None = None
     """When the sequence got a KV slot (queue time = scheduled_time - arrival_time)."""

@@ -1,4 +1,4 @@
-"""The real default pair behind ``specserve serve`` (one server per module that drives it over HTTP)."""
+"""The real default pair behind ``specserve serve`` (one server for every test that drives it over HTTP)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from server.process import free_port  # tests/ is on sys.path (rootdir conftest)
 from specserve.models import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET, ModelStore
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     store = ModelStore()
     if store.locate(CATALOG[DEFAULT_TARGET]) is None or store.locate(CATALOG[DEFAULT_DRAFT]) is None:

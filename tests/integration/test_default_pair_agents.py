@@ -1,6 +1,7 @@
 """Agent frameworks from PyPI run their tool loops on the real default model (marked ``model``).
 
-The OpenAI Agents SDK (its chat-completions model) and pydantic-ai, unchanged, against ``specserve serve``:
+The OpenAI Agents SDK (its default Responses model and its chat-completions model), the openai client's
+``responses`` API and pydantic-ai, unchanged, against ``specserve serve``:
 the model's call, in whatever spelling it writes under ``tool_choice: "auto"`` (the doubled braces its
 template shows, a fenced object), becomes a call, the tool runs, and the model's answer uses its result —
 streamed and not, with speculation on and off alike (greedy).
@@ -37,11 +38,14 @@ def _weather(calls: list[str]) -> Any:
     return get_weather
 
 
-def test_the_openai_agents_sdk_runs_its_tool_loop(base_url: str) -> None:
+def _agents_sdk_runs(base_url: str, responses: bool) -> list[tuple[str, list[str]]]:
+    """The OpenAI Agents SDK's tool loop on its Responses model or its chat-completions model: the final
+    answer and the tool's calls, not streamed and streamed, with speculation on and off."""
     from agents import (
         Agent,
         ModelSettings,
         OpenAIChatCompletionsModel,
+        OpenAIResponsesModel,
         Runner,
         function_tool,
         set_tracing_disabled,
@@ -49,6 +53,7 @@ def test_the_openai_agents_sdk_runs_its_tool_loop(base_url: str) -> None:
 
     set_tracing_disabled(True)
     client = AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused")
+    model_class = OpenAIResponsesModel if responses else OpenAIChatCompletionsModel
 
     async def run(extra: dict[str, Any] | None, stream: bool) -> tuple[str, list[str]]:
         calls: list[str] = []
@@ -56,7 +61,7 @@ def test_the_openai_agents_sdk_runs_its_tool_loop(base_url: str) -> None:
             name="assistant",
             instructions=INSTRUCTIONS,
             tools=[function_tool(_weather(calls))],
-            model=OpenAIChatCompletionsModel(model=DEFAULT_TARGET, openai_client=client),
+            model=model_class(model=DEFAULT_TARGET, openai_client=client),
             model_settings=ModelSettings(temperature=0, extra_body=extra),
         )
         if not stream:
@@ -70,7 +75,12 @@ def test_the_openai_agents_sdk_runs_its_tool_loop(base_url: str) -> None:
     async def every_run() -> list[tuple[str, list[str]]]:  # one event loop: the client is bound to it
         return [await run(extra, stream) for extra in (None, OFF) for stream in (False, True)]
 
-    outputs = asyncio.run(every_run())
+    return asyncio.run(every_run())
+
+
+@pytest.mark.parametrize("responses", [True, False], ids=["responses-model", "chat-completions-model"])
+def test_the_openai_agents_sdk_runs_its_tool_loop(base_url: str, responses: bool) -> None:
+    outputs = _agents_sdk_runs(base_url, responses)
     answer, calls = outputs[0]
     assert calls == ["Paris"]  # one call, in the model's own spelling, parsed and run
     assert "18" in answer  # the answer uses the tool's result
@@ -167,3 +177,32 @@ def test_streamed_calls_are_byte_identical_with_speculation_off_and_16_token_dra
         assert plain[2] > len(plain[1])  # arguments in pieces, not whole
         for name, arguments in plain[1].values():
             assert name in ("get_weather", "get_time") and "city" in json.loads(arguments)
+
+
+def test_the_openai_clients_responses_create_and_stream_with_tools(base_url: str) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused")
+    tool = {"type": "function", **cast(dict[str, Any], WEATHER_TOOL["function"])}  # the Responses API's form
+    kwargs: dict[str, Any] = {
+        "model": DEFAULT_TARGET, "instructions": INSTRUCTIONS, "input": QUESTION, "tools": [tool],
+        "temperature": 0,
+    }  # fmt: skip
+    response = client.responses.create(**kwargs)
+    (call,) = [item for item in response.output if item.type == "function_call"]
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
+    pieces: list[str] = []
+    with client.responses.stream(**kwargs) as stream:
+        for event in stream:
+            if event.type == "response.function_call_arguments.delta":
+                pieces.append(event.delta)
+        final = stream.get_final_response()
+    (streamed_call,) = [item for item in final.output if item.type == "function_call"]
+    assert "".join(pieces) == streamed_call.arguments == call.arguments and len(pieces) > 1
+    result = json.dumps({"city": "Paris", "temperature_c": 18, "sky": "cloudy"})
+    answer = client.responses.create(
+        **{**kwargs, "input": [{"type": "function_call_output", "call_id": call.call_id, "output": result}]},
+        previous_response_id=response.id,
+    )
+    assert "18" in answer.output_text and answer.usage is not None
+    assert response.usage is not None and answer.usage.input_tokens > response.usage.input_tokens

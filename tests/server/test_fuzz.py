@@ -1,9 +1,10 @@
 """Schema fuzzing with Schemathesis against the server's own OpenAPI document (issue 10, part 1).
 
 Every generated request — valid and invalid by the schema, with a valid key, with none, on every operation
-including the admin switch — must get a documented status code with a conforming body: never a 500, never a
-dropped connection, never a stack trace. The short profile runs by default; the long one (``slow``) is what
-docs/RELIABILITY.md reports. The server runs the tiny pair with a short context, so generation is cheap.
+including the admin switch and the Responses API (``/v1/responses``, ``GET``/``DELETE`` of a stored one) —
+must get a documented status code with a conforming body: never a 500, never a dropped connection, never a
+stack trace. The short profile runs by default; the long one (``slow``) is what docs/RELIABILITY.md reports.
+The server runs the tiny pair with a short context, so generation is cheap.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from support.tiny_models import TinyModels
@@ -53,6 +55,18 @@ def schemathesis(server: ServerProcess, out: Path, examples: int, key: str | Non
         command, capture_output=True, text=True, timeout=900, env={**os.environ, "NO_COLOR": "1"}
     )
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+
+
+def test_the_fuzzed_document_has_every_generation_endpoint(fuzz_server: ServerProcess) -> None:
+    """The run fuzzes what the document lists: the Responses API with its request body too."""
+    doc = httpx.get(f"{fuzz_server.url}/openapi.json", timeout=10).json()
+    responses = doc["paths"]["/v1/responses"]["post"]
+    schema = responses["requestBody"]["content"]["application/json"]["schema"]
+    assert schema == {"$ref": "#/components/schemas/ResponsesRequest"}
+    assert set(responses["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}
+    assert set(doc["paths"]["/v1/responses/{response_id}"]) == {"get", "delete"}
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        assert "requestBody" in doc["paths"][path]["post"]
 
 
 @pytest.mark.parametrize("key", [KEY, None, ADMIN_KEY], ids=["api-key", "no-key", "admin-key"])

@@ -194,11 +194,14 @@ def test_required_and_named_tool_choice_produce_tool_calls(client: openai.OpenAI
             chunks = list(chat(client, ON, stream=True, **kw))
             deltas = [t for c in chunks if c.choices for t in (c.choices[0].delta.tool_calls or [])]
             assert deltas and [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+            for c in chunks:  # one entry per call in a chunk, as OpenAI sends (instructor reads [0])
+                indices = [t.index for t in (c.choices[0].delta.tool_calls or [])] if c.choices else []
+                assert len(indices) == len(set(indices))
             assembled: dict[int, list[str]] = {}  # as OpenAI's clients assemble streamed calls
             for d in deltas:
                 assert d.function is not None
                 if d.index not in assembled:
-                    assert d.id and d.function.name and d.function.arguments == ""  # the head first
+                    assert d.id and d.function.name  # the head first (arguments may begin in its step)
                     assembled[d.index] = [d.function.name, ""]
                 else:
                     assert d.id is None and d.function.name is None

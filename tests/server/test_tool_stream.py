@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from specserve.server.tool_grammar import auto_tool_grammar
-from specserve.server.tool_stream import ToolParsing, assemble
+from specserve.server.tool_stream import ToolParsing, assemble, one_entry_per_call
 
 NAMES = frozenset({"get_weather", "get_time"})
 TOOLS = [{"type": "function", "function": {"name": name}} for name in sorted(NAMES)]
@@ -120,3 +120,22 @@ def test_text_before_a_call_streams_and_a_partial_tag_is_held() -> None:
 def test_a_call_cut_off_by_max_tokens_is_returned_as_far_as_it_got() -> None:
     content, calls = AUTO.parse('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa')
     assert content == "" and calls[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Pa'}
+
+
+def test_a_head_and_the_arguments_of_its_step_are_one_entry_per_call() -> None:
+    head: dict[str, Any] = {
+        "index": 0,
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "f", "arguments": ""},
+    }
+    pieces = [
+        {"index": 0, "function": {"arguments": '{"a": '}},
+        {"index": 0, "function": {"arguments": "1}"}},
+    ]
+    nxt = {"index": 1, "id": "call_2", "type": "function", "function": {"name": "g", "arguments": ""}}
+    merged = one_entry_per_call([head, *pieces, nxt, {"index": 1, "function": {"arguments": "{}"}}])
+    assert [m["index"] for m in merged] == [0, 1]
+    assert merged[0] == {**head, "function": {"name": "f", "arguments": '{"a": 1}'}}
+    assert merged[1]["id"] == "call_2" and merged[1]["function"]["arguments"] == "{}"
+    assert head["function"]["arguments"] == ""  # the inputs are not changed

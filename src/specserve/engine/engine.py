@@ -20,35 +20,21 @@ from specserve.drafters.base import Drafter, Proposal
 from specserve.engine.cost_model import CostModel
 from specserve.engine.draft_policy import DraftLengthPolicy, DraftPlan
 from specserve.engine.drafting import Drafting
+from specserve.engine.emitting import Emitting, verify_request
 from specserve.engine.options import EngineOptions
 from specserve.engine.output_text import OutputText
 from specserve.engine.prefix_cache import PrefixCache
+from specserve.engine.prompt_logprobs import prefill_rows, take_prompt_logprobs
 from specserve.engine.scheduler import Scheduler
 from specserve.engine.speculation_budget import StepTiming
 from specserve.engine.stats import EngineStats
-from specserve.request import ACCEPT_STREAM, SAMPLE_STREAM, PositionalUniforms, SamplingParams
+from specserve.request import PositionalUniforms, SamplingParams
 from specserve.sequence import Sequence, SequenceStatus, SpeculationOptions
 from specserve.structured.grammar import GrammarCompiler, GrammarState
 from specserve.verify import Verifier, VerifyRequest, verifier_for
-from specserve.verify.adjust import build_adjustment
 from specserve.verify.logprobs import TokenLogprobs, token_logprobs
 
 log = logging.getLogger("specserve.engine")
-
-
-@dataclass(frozen=True)
-class Emitting:
-    """A sequence that emits tokens this step: where its logits rows are and what to verify."""
-
-    seq: Sequence
-    chunk: int
-    """Its chunk in the step's decode (its rows: ``logits[chunk]``)."""
-    request: VerifyRequest
-    plan: DraftPlan | None
-    """The draft plan of a decoding sequence; None for the first token after a prompt."""
-    error: Exception | None = None
-    """Building its request failed (its grammar, say): it fails alone at commit; ``request`` then only keeps
-    the step's rows aligned."""
 
 
 @dataclass
@@ -217,8 +203,9 @@ class SpeculativeEngine:
         chunks = []
         for seq, n in prefills:
             pos = seq.num_computed
-            last = pos + n == len(seq.prompt_ids)
-            chunks.append(DecodeChunk(seq.slot, seq.prompt_ids[pos : pos + n], pos, 1 if last else 0))
+            chunks.append(
+                DecodeChunk(seq.slot, seq.prompt_ids[pos : pos + n], pos, prefill_rows(seq, pos, n))
+            )
         for seq, proposal in zip(decodes, proposals, strict=True):
             verify = [seq.tokens[-1], *proposal.token_ids]
             chunks.append(DecodeChunk(seq.slot, verify, seq.num_computed, len(verify)))
@@ -229,6 +216,7 @@ class SpeculativeEngine:
         start = time.perf_counter()
         logits = self.target.decode(chunks)
         self._step_seconds = time.perf_counter() - start
+        logits = take_prompt_logprobs(prefills, logits)
         for chunk, (seq, n) in enumerate(prefills):
             self.drafting.committed(seq, chunk, seq.num_computed, n)
             seq.num_computed += n
@@ -273,22 +261,9 @@ class SpeculativeEngine:
         self, seq: Sequence, chunk: int, drafts: list[int], draft_probs: Any, plan: DraftPlan | None
     ) -> Emitting:
         try:
-            return Emitting(seq, chunk, self._request(seq, drafts, draft_probs), plan)
+            return Emitting(seq, chunk, verify_request(seq, drafts, draft_probs), plan)
         except Exception as exc:  # its rows still take part in the step's one verifier call, unadjusted
             return Emitting(seq, chunk, VerifyRequest(drafts, SamplingParams()), plan, exc)
-
-    @staticmethod
-    def _request(seq: Sequence, drafts: list[int], draft_probs: Any) -> VerifyRequest:
-        """What the verifier needs of one sequence: its drafts, its sampling, the position's uniforms, and
-        what its grammar and penalties change in each of its rows."""
-        masks = seq.grammar.row_masks(drafts) if isinstance(seq.grammar, GrammarState) else None
-        adjustment = build_adjustment(seq.params, seq.prompt_ids, seq.output_ids, drafts, masks)
-        if seq.params.greedy:
-            return VerifyRequest(drafts, seq.params, adjustment=adjustment)
-        position, k = len(seq.output_ids), len(drafts)
-        accept = seq.uniforms.take(ACCEPT_STREAM, position, k)
-        sample = seq.uniforms.take(SAMPLE_STREAM, position, k + 1)
-        return VerifyRequest(drafts, seq.params, draft_probs, accept, sample, adjustment)
 
     def _verify(self, emitting: list[Emitting], logits: StepLogits[Any]) -> list[list[int] | Exception]:
         """One verifier call over every emitting sequence's rows, where the runtime left them; should it
@@ -353,6 +328,9 @@ class SpeculativeEngine:
         if seq.first_token_time is None:
             seq.first_token_time = time.perf_counter()
         grammar = seq.grammar if isinstance(seq.grammar, GrammarState) else None
+        if not seq.params.max_tokens:  # the prompt only (its logprobs): nothing is generated
+            seq.finish("length")
+            tokens = []
         for token in tokens:
             if (
                 self.target.is_eog(token) and not seq.params.ignore_eos

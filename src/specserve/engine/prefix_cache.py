@@ -140,6 +140,8 @@ class PrefixCache:
 
     def _admit(self, seq: Sequence, free_slots: Seq[int]) -> int:
         prompt = seq.prompt_ids[:-1]  # the last prompt token is evaluated: its logits give the first token
+        if seq.params.prompt_logprobs is not None:
+            prompt = []  # every prompt position is evaluated for its logprobs: nothing is reused (as in vLLM)
         hashes = block_hashes(prompt, seq.cache_salt, self.block_size)
         depth, found = self._longest(hashes)
         # Past the last whole block, a holder's own tokens extend the match token by token (as a radix tree

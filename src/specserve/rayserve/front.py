@@ -94,7 +94,8 @@ class Front:
         if isinstance(req, c.ChatCompletionRequest):
             ids = chat_prompt_ids(self.vocab, req.chat_messages(), req.template_tools())
         else:
-            ids = self.vocab.tokenize(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
+            first = req.prompt[0]  # a batch of prompts goes where its first one's prefix is
+            ids = self.vocab.tokenize(first) if isinstance(first, str) else list(first)
         salt = self.access.cache_salt(authorization, req.cache_salt)
         return [routing_key(h) for h in block_hashes(ids, salt)]
 

@@ -4,8 +4,9 @@
 answers at once and ``/ready`` says 503 until the engine is built and calibrated), then serves requests
 through an :class:`AsyncEngine`: model computation never runs on the event loop.
 
-Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (features and their semantics:
-docs/API.md), ``GET /v1/models`` (and ``/v1/models/{id}``), ``POST /tokenize`` and ``/detokenize``
+Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/responses`` (and ``GET`` /
+``DELETE /v1/responses/{id}``: server/responses_route.py; features and their semantics: docs/API.md),
+``GET /v1/models`` (and ``/v1/models/{id}``), ``POST /tokenize``, ``/detokenize`` and ``GET /tokenizer_info``
 (server/tokenize.py), ``GET /health`` (200 while the process serves), ``GET /ready``, and the debug endpoint
 ``GET /v1/internal/state`` → ``{"ready", "running", "waiting", "finished": {reason: count}}``. Operations
 (metrics, logs, access control, the speculation switch) come from ``middleware``, ``auth`` and ``admin``.
@@ -27,8 +28,6 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
-from specserve.backends.base import Vocabulary, detokenize
-from specserve.chat import ChatTemplateError, chat_prompt_ids
 from specserve.config import Settings
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine import RequestOutput, SpeculativeEngine
@@ -41,7 +40,9 @@ from specserve.server.chunks import ChunkFormat
 from specserve.server.errors import install_handlers, invalid_request
 from specserve.server.middleware import OpsMiddleware, current_record
 from specserve.server.openapi import install_openapi
+from specserve.server.prompts import chat_prompt, completion_prompts, logged_prompt, prompt_ids, prompt_output
 from specserve.server.request_body import read_body
+from specserve.server.responses_route import ChatAPI, responses_router
 from specserve.server.state import EngineFactory, ServerState
 from specserve.server.streaming import (
     Choice,
@@ -58,61 +59,13 @@ from specserve.structured.grammar import GrammarError
 log = logging.getLogger("specserve.server")
 
 FINISH_REASONS = ("stop", "length", "abort")
-OFFLOAD_BYTES = 64 * 1024  # prompts in bodies larger than this are rendered and tokenized off the event loop
-
-
-# -- prompts --------------------------------------------------------------------------------------
-
-
-def completion_prompt(vocabulary: Vocabulary, vocab: int, request: p.CompletionRequest) -> list[int]:
-    if isinstance(request.prompt, str):
-        ids = vocabulary.tokenize(request.prompt, add_special=request.suffix is None)
-    else:
-        ids = request.prompt
-        if any(not 0 <= t < vocab for t in ids):
-            raise invalid_request(f"Token ids must be in [0, {vocab}).", "prompt")
-    if request.suffix is not None:
-        ids = fill_in_the_middle(vocabulary, ids, request.suffix)
-    if request.echo and request.logprobs is not None:
-        raise invalid_request("echo with logprobs (the prompt's logprobs) is not supported.", "echo")
-    if not ids:
-        raise invalid_request("The prompt is empty.", "prompt")
-    return ids
-
-
-FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
-"""The fill-in-the-middle control tokens of Qwen2.5-Coder (and StarCoder-style models)."""
-
-
-def fill_in_the_middle(vocabulary: Vocabulary, prefix: list[int], suffix: str) -> list[int]:
-    """``suffix``: the prompt is the text before the insertion point, the model writes what goes between."""
-    marks = [vocabulary.tokenize(t, add_special=False, parse_special=True) for t in FIM_TOKENS]
-    if any(len(m) != 1 or not vocabulary.is_control(m[0]) for m in marks):
-        raise invalid_request(
-            "This model has no fill-in-the-middle tokens; 'suffix' is not supported.", "suffix"
-        )
-    text = vocabulary.tokenize(suffix, add_special=False) if suffix else []
-    return [*marks[0], *prefix, *marks[1], *text, *marks[2]]
-
-
-def chat_prompt(vocabulary: Vocabulary, request: c.ChatCompletionRequest) -> list[int]:
-    try:
-        return chat_prompt_ids(vocabulary, request.chat_messages(), request.template_tools())
-    except ChatTemplateError as exc:
-        raise invalid_request(str(exc), "messages") from None
-
-
-async def prompt_ids(prepare: Callable[[], list[int]], body_size: int) -> list[int]:
-    try:
-        return await asyncio.to_thread(prepare) if body_size > OFFLOAD_BYTES else prepare()
-    except UnicodeEncodeError:
-        raise invalid_request("The prompt is not valid Unicode (it holds a lone surrogate).") from None
 
 
 # -- generation -----------------------------------------------------------------------------------
 
 
-async def generate(request: Request, chat: bool) -> Response:
+async def generate(request: Request, chat: bool, api: ChatAPI | None = None) -> Response:
+    """``api``: another API on the chat path (``/v1/responses``) with its own body and response."""
     state: ServerState = request.app.state.server
     engine = state.require_engine()
     raw = await read_body(request, state.settings.max_request_bytes, state.settings.client_timeout)
@@ -120,14 +73,16 @@ async def generate(request: Request, chat: bool) -> Response:
     req: p.CompletionRequest | c.ChatCompletionRequest
     tools: ToolParsing | None = None
     if chat:
-        req = p.parse_request(raw, c.ChatCompletionRequest)
+        req = p.parse_request(raw, c.ChatCompletionRequest) if api is None else api.parse(raw)
         prepare = partial(chat_prompt, vocabulary, req)
     else:
         req = p.parse_request(raw, p.CompletionRequest)
-        prepare = partial(completion_prompt, vocabulary, info.vocab_size, req)
+        prepare = partial(completion_prompts, vocabulary, info.vocab_size, req)
     state.check_model(req.model)
-    ids = await prompt_ids(prepare, len(raw))
-    params = req.sampling_params(len(ids), info.context_per_sequence, "messages" if chat else "prompt")
+    prompts = await prompt_ids(prepare, len(raw))
+    prompt_field = "messages" if chat else "prompt"
+    each = [req.sampling_params(len(ids), info.context_per_sequence, prompt_field) for ids in prompts]
+    params = each[0]  # the prompts differ only in their default max_tokens
     if (field := params.unknown_token_ids(info.vocab_size)) is not None:  # a 400 before a stream starts
         raise invalid_request(f"Token ids in {field} must be in [0, {info.vocab_size}).", field)
     if params.grammar is not None:
@@ -136,21 +91,22 @@ async def generate(request: Request, chat: bool) -> Response:
         tools = req.tool_parsing(params.grammar)
     speculation = state.speculation(engine, req.speculative)
     salt = state.access.cache_salt(request.headers.get("authorization"), req.cache_salt)
-    request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    request_id = api.id if api is not None else f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     record = current_record()
     if record is not None:
         record.completion_id, record.stream = request_id, req.stream
         if state.settings.log_prompts:
-            record.prompt = req.chat_messages() if isinstance(req, c.ChatCompletionRequest) else req.prompt
-    echo = echo_text(vocabulary, req) if isinstance(req, p.CompletionRequest) and req.echo else ""
-    token_bytes = engine.vocabulary.token_bytes if params.logprobs is not None else None
+            record.prompt = logged_prompt(req)
     fmt = ChunkFormat(
-        chat, request_id, int(time.time()), state.model_id, req.include_usage, token_bytes, echo, tools
-    )
+        chat, request_id, int(time.time()), state.model_id, req.include_usage, vocabulary.token_bytes,
+        params.logprobs is not None, prompt_output(vocabulary, req, prompts), tools, req.n,
+    )  # fmt: skip
     start = partial(engine.generate, speculation=speculation, timeout=state.timeout, cache_salt=salt)
-    choices = await start_choices(start, request_id, ids, params, req.n)
+    choices = await start_choices(start, request_id, prompts, each, req.n)
     if record is not None:
         record.watch(choices[0].first)
+    if api is not None:
+        return await api.respond(request, engine, choices, fmt)
     if req.stream:
         return EventStreamResponse(
             stream_events(choices, fmt, state.settings.stream_keepalive),
@@ -163,24 +119,27 @@ async def generate(request: Request, chat: bool) -> Response:
 async def start_choices(
     start: Callable[..., AsyncIterator[RequestOutput]],
     request_id: str,
-    ids: list[int],
-    params: SamplingParams,
+    prompts: list[list[int]],
+    params: list[SamplingParams],
     n: int,
 ) -> list[Choice]:
-    """Admit the request's ``n`` choices. The first runs its prefill alone; the others then find the prompt's
-    KV in the prefix cache. Each choice has its own seed (``seed + i`` when the request gave one)."""
+    """Admit ``n`` choices of each prompt (choice ``i * n + j`` is prompt ``i``'s ``j``-th). A prompt's first
+    choice runs its prefill alone; its others then find the prompt's KV in the prefix cache. Each choice has
+    its own seed (``seed + j`` when the request gave one)."""
     choices: list[Choice] = []
     try:
-        for i in range(n):
-            choice_id = request_id if n == 1 else f"{request_id}-{i}"
-            seed = None if params.seed is None else (params.seed + i) % 2**63
-            outputs = cast(
-                AsyncGenerator[RequestOutput, None],
-                start(choice_id, ids, dataclasses.replace(params, seed=seed)),
-            )
-            choices.append(Choice(i, choice_id, await admit(outputs), outputs))
-            if i == 0 and n > 1:
-                await asyncio.wait({choices[0].first})
+        for i, (ids, prompt_params) in enumerate(zip(prompts, params, strict=True)):
+            for j in range(n):
+                index = i * n + j
+                choice_id = request_id if n * len(prompts) == 1 else f"{request_id}-{index}"
+                seed = None if prompt_params.seed is None else (prompt_params.seed + j) % 2**63
+                outputs = cast(
+                    AsyncGenerator[RequestOutput, None],
+                    start(choice_id, ids, dataclasses.replace(prompt_params, seed=seed)),
+                )
+                choices.append(Choice(index, choice_id, await admit(outputs), outputs))
+                if j == 0 and n > 1:
+                    await asyncio.wait({choices[-1].first})
     except BaseException:
         await release_choices(choices)
         raise
@@ -194,12 +153,6 @@ async def compile_grammar(engine: AsyncEngine, spec: GrammarSpec) -> None:
         await asyncio.to_thread(engine.grammars.compile, spec)
     except GrammarError as exc:  # a tool's parameters are a grammar too (tool_choice's)
         raise invalid_request(str(exc), "tools" if spec.triggers else "response_format") from None
-
-
-def echo_text(vocabulary: Vocabulary, request: p.CompletionRequest) -> str:
-    if isinstance(request.prompt, str):
-        return request.prompt
-    return detokenize(vocabulary, request.prompt)
 
 
 # -- routes ---------------------------------------------------------------------------------------
@@ -296,5 +249,6 @@ def create_app(
     app.include_router(router)
     app.include_router(ops_router)
     app.include_router(tokenize_router)
+    app.include_router(responses_router(generate, settings))
     install_openapi(app)
     return app

@@ -51,7 +51,7 @@ def matches(token: bytes | None, keys: tuple[bytes, ...]) -> bytes | None:
     return found if token else None
 
 
-KEYED_PATHS = frozenset({"/tokenize", "/detokenize"})
+KEYED_PATHS = frozenset({"/tokenize", "/detokenize", "/tokenizer_info"})
 """vLLM's tokenizer endpoints sit outside ``/v1`` but read the model: the API keys guard them too."""
 
 

@@ -10,25 +10,48 @@ from typing import Any
 from specserve.engine.engine import RequestOutput
 from specserve.sequence import Sequence, SpecStats
 from specserve.server import responses as r
-from specserve.server.logprobs_format import chat_logprobs, completion_logprobs
+from specserve.server.logprobs_format import (
+    chat_logprobs,
+    completion_logprobs,
+    echoed_logprobs,
+    vllm_prompt_logprobs,
+)
 from specserve.server.tool_stream import ToolParsing
 from specserve.verify.logprobs import TokenLogprobs
+
+
+@dataclass(frozen=True)
+class PromptOutput:
+    """What a response shows of its prompts."""
+
+    echoes: tuple[str, ...] = ()
+    """Per choice, the prompt text its completion starts with (``echo``); empty: no echo."""
+    echo_logprobs: int | None = None
+    """``echo`` with ``logprobs``: the echoed tokens' logprobs with this many alternatives."""
+    prompt_logprobs: int | None = None
+    """vLLM's ``prompt_logprobs`` with this many alternatives."""
+
+    def echo(self, index: int) -> str:
+        return self.echoes[index] if self.echoes else ""
 
 
 @dataclass(frozen=True)
 class ChunkFormat:
     """Builds one response: its stream chunks (``*.chunk`` / ``text_completion``) or its whole body.
 
-    ``token_bytes`` spells logprobs' tokens; ``echo`` is the prompt text a completion starts with."""
+    ``token_bytes`` spells the tokens of logprobs; ``logprobs``: the request asked for its output tokens'."""
 
     chat: bool
     id: str
     created: int
     model: str
     include_usage: bool
-    token_bytes: Callable[[int], bytes] | None = None
-    echo: str = ""
+    token_bytes: Callable[[int], bytes]
+    logprobs: bool = False
+    prompt: PromptOutput = PromptOutput()
     tools: ToolParsing | None = None
+    n: int = 1
+    """Choices per prompt (a completions request may hold several prompts)."""
 
     def _chunk(
         self, index: int, choice: dict[str, Any], finish_reason: str | None = None, logprobs: Any = None
@@ -44,17 +67,46 @@ class ChunkFormat:
             chunk["usage"] = None
         return chunk
 
-    def logprobs(self, entries: list[TokenLogprobs], offset: int = 0) -> dict[str, Any] | None:
-        if self.token_bytes is None:
+    def output_logprobs(self, entries: list[TokenLogprobs], offset: int = 0) -> dict[str, Any] | None:
+        if not self.logprobs:
             return None
         if self.chat:
             return chat_logprobs(self.token_bytes, entries)
         return completion_logprobs(self.token_bytes, entries, offset)
 
     def opening(self, index: int) -> dict[str, Any] | None:
+        """Chat's first chunk per choice (its role), sent before any output."""
         if self.chat:
             return self._chunk(index, {"delta": {"role": "assistant", "content": ""}})
-        return self._chunk(index, {"text": self.echo}) if self.echo else None
+        return None
+
+    def prompt_chunk(self, index: int, seq: Sequence) -> dict[str, Any] | None:
+        """Sent with a choice's first output (once its prompt is evaluated): a completion's echo (and its
+        tokens' logprobs), vLLM's ``prompt_logprobs``."""
+        prompt = self._prompt_logprobs(seq)
+        if self.chat:
+            return (
+                None if prompt is None else {**self._chunk(index, {"delta": {}}), "prompt_logprobs": prompt}
+            )
+        echo = self.prompt.echo(index)
+        if not echo and prompt is None:
+            return None
+        chunk = self._chunk(index, {"text": echo}, logprobs=self._echo_logprobs(seq))
+        if prompt is not None:
+            chunk["choices"][0]["prompt_logprobs"] = prompt
+        return chunk
+
+    def _echo_logprobs(self, seq: Sequence) -> dict[str, Any] | None:
+        if self.prompt.echo_logprobs is None:
+            return None
+        return echoed_logprobs(
+            self.token_bytes, seq.prompt_ids, seq.prompt_logprobs, self.prompt.echo_logprobs
+        )
+
+    def _prompt_logprobs(self, seq: Sequence) -> list[Any] | None:
+        if self.prompt.prompt_logprobs is None:
+            return None
+        return vllm_prompt_logprobs(self.token_bytes, seq.prompt_logprobs, self.prompt.prompt_logprobs)
 
     def delta(self, index: int, text: str, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
         return self._chunk(
@@ -72,40 +124,56 @@ class ChunkFormat:
     def usage(self, seqs: list[Sequence]) -> dict[str, Any]:
         chunk = self._chunk(0, {})
         chunk["choices"] = []
-        chunk["usage"] = r.Usage.of(seqs).model_dump()
+        chunk["usage"] = r.Usage.of(seqs, self.n).model_dump()
         return chunk
 
     def response(self, results: list[tuple[str, RequestOutput, list[TokenLogprobs]]]) -> dict[str, Any]:
         """The non-streamed response body (``chat.completion`` or ``text_completion``)."""
         seqs = [out.seq for _, out, _ in results]
-        common = {"id": self.id, "created": self.created, "model": self.model, "usage": r.Usage.of(seqs)}
+        common = {
+            "id": self.id,
+            "created": self.created,
+            "model": self.model,
+            "usage": r.Usage.of(seqs, self.n),
+        }
         stats = seqs[0].stats.as_dict() if len(seqs) == 1 else _merged_stats(seqs)
         response: r.CompletionResponse | r.ChatCompletionResponse
         if self.chat:
             choices = []
             for i, (text, out, entries) in enumerate(results):
                 message, reason = self._message(text, out.seq.finish_reason)
-                logprobs = self.logprobs(entries)
+                logprobs = self.output_logprobs(entries)
                 choices.append(
                     r.ChatChoice(index=i, message=message, logprobs=logprobs, finish_reason=reason)
                 )
             response = r.ChatCompletionResponse.model_validate(
                 {**common, "choices": choices, "speculative": stats}
             )
+            prompt_logprobs = self._prompt_logprobs(seqs[0])
+            if prompt_logprobs is not None:
+                response.prompt_logprobs = prompt_logprobs
         else:
-            completion_choices = [
-                r.CompletionChoice(
-                    index=i,
-                    text=self.echo + text,
-                    logprobs=self.logprobs(entries, len(self.echo)),
-                    finish_reason=out.seq.finish_reason,
-                )
-                for i, (text, out, entries) in enumerate(results)
-            ]
+            completion_choices = [self._completion_choice(i, *result) for i, result in enumerate(results)]
             response = r.CompletionResponse.model_validate(
                 {**common, "choices": completion_choices, "speculative": stats}
             )
         return response.model_dump(exclude_none=False)
+
+    def _completion_choice(
+        self, index: int, text: str, out: RequestOutput, entries: list[TokenLogprobs]
+    ) -> r.CompletionChoice:
+        echo = self.prompt.echo(index)
+        logprobs = self.output_logprobs(entries, len(echo))
+        echoed = self._echo_logprobs(out.seq)
+        if logprobs is not None and echoed is not None:
+            logprobs = {key: echoed[key] + logprobs[key] for key in logprobs}
+        return r.CompletionChoice(
+            index=index,
+            text=echo + text,
+            logprobs=logprobs,
+            finish_reason=out.seq.finish_reason,
+            prompt_logprobs=self._prompt_logprobs(out.seq),
+        )
 
     def _message(self, text: str, reason: str | None) -> tuple[r.AssistantMessage, str | None]:
         if self.tools is None:

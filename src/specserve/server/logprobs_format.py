@@ -1,11 +1,13 @@
 """Token log-probabilities in the OpenAI shapes: chat's ``{"content": [...]}`` and the legacy completions'
-``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``."""
+``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`` (of the output, and of an echoed prompt);
+vLLM's ``prompt_logprobs``."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from specserve.engine.prompt_logprobs import PromptLogprob
 from specserve.verify.logprobs import TokenLogprobs
 
 TokenBytes = Callable[[int], bytes]
@@ -41,3 +43,54 @@ def completion_logprobs(
         offsets.append(offset)
         offset += len(text)
     return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _prompt_entries(prompt_logprobs: Sequence[object]) -> list[PromptLogprob | None]:
+    return [e if isinstance(e, PromptLogprob) else None for e in prompt_logprobs]
+
+
+def echoed_logprobs(
+    token_bytes: TokenBytes, prompt_ids: Sequence[int], prompt_logprobs: Sequence[object], top_n: int
+) -> dict[str, Any]:
+    """The legacy completions' logprobs of an echoed prompt: every prompt token, the first with ``null``
+    (nothing predicts it), each with its ``top_n`` alternatives; offsets from the prompt's start."""
+    tokens, logprobs, tops, offsets = [], [], [], []
+    offset = 0
+    for token, entry in zip(prompt_ids, _prompt_entries(prompt_logprobs), strict=True):
+        text, _ = _text(token_bytes, token)
+        tokens.append(text)
+        logprobs.append(None if entry is None else entry.entry.logprob)
+        alternatives = None if entry is None else entry.entry.top[:top_n]
+        tops.append(
+            None if alternatives is None else {_text(token_bytes, t)[0]: lp for t, lp in alternatives}
+        )
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+
+def vllm_prompt_logprobs(
+    token_bytes: TokenBytes, prompt_logprobs: Sequence[object], top_n: int
+) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's ``prompt_logprobs``: per prompt token (the first ``null``), ``{token id: {"logprob", "rank",
+    "decoded_token"}}`` for the prompt token and its position's ``top_n`` most likely tokens."""
+    result: list[dict[str, dict[str, Any]] | None] = []
+    for entry in _prompt_entries(prompt_logprobs):
+        if entry is None:
+            result.append(None)
+            continue
+        position = {
+            str(token): {"logprob": lp, "rank": rank, "decoded_token": _text(token_bytes, token)[0]}
+            for rank, (token, lp) in enumerate(entry.entry.top[:top_n], start=1)
+        }
+        chosen = entry.entry.token_id
+        position.setdefault(
+            str(chosen),
+            {
+                "logprob": entry.entry.logprob,
+                "rank": entry.rank,
+                "decoded_token": _text(token_bytes, chosen)[0],
+            },
+        )
+        result.append(position)
+    return result

@@ -2,9 +2,10 @@
 
 Every request gets an id (the client's ``X-Request-ID`` if it is sane, else a new one), returned in the
 ``X-Request-ID`` response header and carried by every log line logged while serving it. A generation
-request (``/v1/completions``, ``/v1/chat/completions``) also gets a :class:`RequestRecord` that the route
-fills in (its sequence, a streamed error); when the response is complete, streams included, the record
-gives the outcome, feeds the request metrics and is logged as one summary line.
+request (``/v1/completions``, ``/v1/chat/completions``, ``/v1/responses``) also gets a
+:class:`RequestRecord` that the route fills in (its sequence, a streamed error); when the response is
+complete, streams included, the record gives the outcome, feeds the request metrics and is logged as one
+summary line.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("specserve.server")
 request_log = logging.getLogger("specserve.request")
 
-GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses"})
 _SANE_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
 
 

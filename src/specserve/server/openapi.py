@@ -21,6 +21,8 @@ from specserve.server import protocol as p
 from specserve.server import responses as r
 from specserve.server.admin import SpeculationSwitch
 from specserve.server.auth import KEYED_PATHS
+from specserve.server.responses_api import ResponsesRequest
+from specserve.server.responses_output import ResponseObject
 from specserve.server.strict import StrictModel
 from specserve.server.tokenize import DetokenizeRequest, TokenizeRequest
 
@@ -44,7 +46,7 @@ STATUS_TEXT = {
     400: "Invalid request: malformed JSON, a bad or unsupported field, a prompt too long for the context",
     401: "Missing or wrong API key",
     403: "An API key on an admin endpoint, or the admin endpoints are disabled",
-    404: "Unknown model",
+    404: "Unknown model, or no stored response with that id (for this API key)",
     408: "The request body did not arrive in time",
     413: "Request body too large",
     415: "The body is not application/json",
@@ -56,6 +58,7 @@ GENERATION_ERRORS = (400, 401, 404, 408, 413, 415, 429, 503, 504)
 BODIES: dict[tuple[str, str], tuple[type[BaseModel], type[BaseModel] | None]] = {
     ("/v1/completions", "post"): (p.CompletionRequest, r.CompletionResponse),
     ("/v1/chat/completions", "post"): (c.ChatCompletionRequest, r.ChatCompletionResponse),
+    ("/v1/responses", "post"): (ResponsesRequest, ResponseObject),
     ("/admin/speculation", "post"): (SpeculationSwitch, None),
     ("/tokenize", "post"): (TokenizeRequest, None),
     ("/detokenize", "post"): (DetokenizeRequest, None),
@@ -117,6 +120,8 @@ def build(app: FastAPI) -> dict[str, Any]:
                 statuses = (401, 404, 429, 503) if "{" in path else (401, 429, 503)
             elif path.startswith("/admin/"):
                 statuses = (401, 403, 503)
+            elif path in KEYED_PATHS:  # /tokenizer_info
+                statuses = (401, 503)
             elif path == "/ready":
                 statuses = (503,)
             if path == "/metrics":

@@ -5,10 +5,14 @@ Requests are validated strictly (no string-to-number coercion, no NaN; ``null`` 
 here. Supported fields:
 
 * ``model``: optional; the served model id (or the ``--target`` value), anything else is a 404;
-* ``prompt``: a string, a list of one string, or token ids (several prompts are a 400); ``echo``; ``suffix``
-  (fill-in-the-middle, where the model has FIM tokens); ``logprobs: N``;
+* ``prompt``: a string, token ids, or a list of up to ``MAX_PROMPTS`` of either (a batch: choice
+  ``i * n + j`` is prompt ``i``'s ``j``-th); ``echo`` (with ``logprobs``: the prompt's tokens with their
+  logprobs, the first ``null``); ``suffix`` (fill-in-the-middle, where the model has FIM tokens);
+  ``logprobs: N``;
 * ``max_tokens`` (chat: also ``max_completion_tokens``): default is the room left in the context;
-  prompt + max_tokens beyond the context is a 400 naming both numbers;
+  prompt + max_tokens beyond the context is a 400 naming both numbers; completions take 0 (the prompt
+  only: with ``echo``, its text and logprobs);
+* vLLM's ``prompt_logprobs: N``: each prompt token's logprob, rank and ``N`` alternatives (both endpoints);
 * ``temperature`` (0..2, default 1; 0 is greedy), ``top_p``, ``top_k`` (0 or -1 disables), ``min_p``,
   ``seed``, ``stop`` (a string or up to ``MAX_STOP_STRINGS`` strings of at most ``MAX_STOP_LENGTH``
   characters: more than OpenAI's 4), ``stop_token_ids``, ``stream``, ``stream_options.include_usage``,
@@ -34,6 +38,7 @@ from pydantic import (
     ValidationError,
     WithJsonSchema,
     field_validator,
+    model_validator,
 )
 
 from specserve.request import MAX_LOGPROBS, GrammarSpec, SamplingParams
@@ -46,6 +51,8 @@ from specserve.server.structured_request import ResponseFormat, StructuredOutput
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
 MAX_CHOICES = 16
+MAX_PROMPTS = 64
+"""Prompts in one completions request (lm-eval batches its loglikelihood requests)."""
 MAX_LOGIT_BIAS = 1024
 
 # Known OpenAI (and vLLM) fields without an implementation here, with the values that mean "not used".
@@ -86,9 +93,14 @@ _TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minI
 PROMPT_SCHEMA = {
     "anyOf": [
         {"type": "string", "minLength": 1},
-        {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1},
+        {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1},
+            "minItems": 1,
+            "maxItems": MAX_PROMPTS,
+        },
         _TOKEN_IDS,
-        {"type": "array", "items": _TOKEN_IDS, "minItems": 1, "maxItems": 1},
+        {"type": "array", "items": _TOKEN_IDS, "minItems": 1, "maxItems": MAX_PROMPTS},
     ]
 }
 
@@ -142,6 +154,8 @@ class SamplingRequest(StrictModel):
     speculative: SpeculativeRequest | None = None
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
     """vLLM's field: requests reuse each other's cached prompt KV only if their salts are equal."""
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    """vLLM's: each prompt token's logprob and rank, and this many alternatives at its position."""
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -183,6 +197,10 @@ class SamplingRequest(StrictModel):
     def num_logprobs(self) -> int | None:
         """Alternatives per token to return with logprobs; None: no logprobs."""
         return None
+
+    def num_prompt_logprobs(self) -> int | None:
+        """Alternatives per prompt token the engine must compute; None: no prompt logprobs."""
+        return self.prompt_logprobs
 
     @property
     def include_usage(self) -> bool:
@@ -230,36 +248,56 @@ class SamplingRequest(StrictModel):
                 stop_token_ids=tuple(self.stop_token_ids),
                 logprobs=self.num_logprobs(),
                 grammar=self.grammar(),
+                prompt_logprobs=self.num_prompt_logprobs(),
             )
         except ValueError as exc:
             raise invalid_request(str(exc)) from None
 
 
 class CompletionRequest(SamplingRequest):
-    prompt: Annotated[str | list[int], WithJsonSchema(PROMPT_SCHEMA)]
-    """One prompt: a string (a list of one string is unwrapped) or token ids (a list of one list likewise)."""
+    prompt: Annotated[list[str | list[int]], WithJsonSchema(PROMPT_SCHEMA)]
+    """The prompts, each a string or token ids (one prompt as given is a list of one)."""
+    max_tokens: int | None = Field(None, ge=0)
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     """The legacy API's form: the number of alternatives per token (0: the chosen token's only)."""
     echo: bool = False
-    """Return the prompt text before the completion."""
+    """Return the prompt text before the completion (with ``logprobs``: its tokens' logprobs too)."""
     suffix: str | None = None
     """Text after the insertion point: fill-in-the-middle, where the model has FIM tokens."""
 
     def num_logprobs(self) -> int | None:
         return self.logprobs
 
+    def num_prompt_logprobs(self) -> int | None:
+        echoed = self.logprobs if self.echo else None
+        wanted = [n for n in (echoed, self.prompt_logprobs) if n is not None]
+        return max(wanted) if wanted else None
+
     @field_validator("prompt", mode="before")
     @classmethod
-    def _one_prompt(cls, value: Any) -> Any:
-        if isinstance(value, list) and value and all(isinstance(v, str | list) for v in value):
-            if len(value) != 1:
-                raise ValueError(f"{len(value)} prompts were given; this server takes one prompt per request")
-            value = value[0]
-        if isinstance(value, list) and not value:
-            raise ValueError("the prompt must not be empty")
-        if not isinstance(value, str | list):
-            raise ValueError("must be a string, a list of one string, or a list of token ids")
-        return [integral(v) for v in value] if isinstance(value, list) else value
+    def _prompts(cls, value: Any) -> Any:
+        if isinstance(value, str) or (
+            isinstance(value, list) and value and not isinstance(value[0], str | list)
+        ):
+            value = [value]  # one prompt: a string or token ids
+        if not isinstance(value, list) or not value:
+            raise ValueError("must be a string, token ids, or a non-empty list of either")
+        if len(value) > MAX_PROMPTS:
+            raise ValueError(f"at most {MAX_PROMPTS} prompts are allowed in one request, got {len(value)}")
+        prompts: list[str | list[int]] = []
+        for prompt in value:
+            if isinstance(prompt, list) and not prompt:
+                raise ValueError("a prompt must not be empty")
+            if not isinstance(prompt, str | list):
+                raise ValueError("must be a string, token ids, or a non-empty list of either")
+            prompts.append([integral(v) for v in prompt] if isinstance(prompt, list) else prompt)
+        return prompts
+
+    @model_validator(mode="after")
+    def _choices(self) -> CompletionRequest:
+        if len(self.prompt) * self.n > MAX_PROMPTS:
+            raise ValueError(f"prompts × n must be at most {MAX_PROMPTS}, got {len(self.prompt) * self.n}")
+        return self
 
 
 RequestT = TypeVar("RequestT", bound=SamplingRequest)

@@ -23,14 +23,16 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails
 
     @classmethod
-    def of(cls, seqs: Sequence[Seq]) -> Usage:
-        """The usage of a request's choices: its prompt once, every choice's completion."""
-        prompt, completion = len(seqs[0].prompt_ids), sum(len(s.output_ids) for s in seqs)
+    def of(cls, seqs: Sequence[Seq], n: int = 1) -> Usage:
+        """The usage of a request's choices (``n`` per prompt, in order): each prompt once, every choice's
+        completion."""
+        firsts = seqs[::n]
+        prompt, completion = sum(len(s.prompt_ids) for s in firsts), sum(len(s.output_ids) for s in seqs)
         return cls(
             prompt_tokens=prompt,
             completion_tokens=completion,
             total_tokens=prompt + completion,
-            prompt_tokens_details=PromptTokensDetails(cached_tokens=seqs[0].cached_tokens),
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=sum(s.cached_tokens for s in firsts)),
         )
 
 
@@ -40,6 +42,8 @@ class CompletionChoice(BaseModel):
     logprobs: dict[str, Any] | None = None
     """``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`` when asked."""
     finish_reason: str | None
+    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
+    """vLLM's: per prompt token (the first null), ``{token id: {"logprob", "rank", "decoded_token"}}``."""
 
 
 class CompletionResponse(BaseModel):
@@ -86,6 +90,8 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: Usage
     speculative: dict[str, Any]
+    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
+    """vLLM's, as on a completion's choice."""
 
 
 class ModelCard(BaseModel):

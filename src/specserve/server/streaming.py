@@ -31,10 +31,10 @@ from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine import RequestOutput
 from specserve.sequence import Sequence
 from specserve.server.chunks import ChunkFormat
-from specserve.server.errors import from_engine_error, internal_error
+from specserve.server.errors import APIError, from_engine_error, internal_error
 from specserve.server.middleware import note_stream_error
 from specserve.server.tool_calls import StreamingToolParser
-from specserve.server.tool_stream import GrammarToolStream
+from specserve.server.tool_stream import GrammarToolStream, one_entry_per_call
 from specserve.verify.logprobs import TokenLogprobs
 
 log = logging.getLogger("specserve.server")
@@ -81,6 +81,8 @@ class _ChoiceStream:
     pending: list[TokenLogprobs] = field(default_factory=list)
     parser: StreamingToolParser | GrammarToolStream | None = None
     calls: int = 0
+    started: bool = False
+    """Its first output came (with it, what the response shows of the prompt)."""
 
 
 def _choice_events(fmt: ChunkFormat, index: int, state: _ChoiceStream, out: RequestOutput) -> list[bytes]:
@@ -92,13 +94,18 @@ def _choice_events(fmt: ChunkFormat, index: int, state: _ChoiceStream, out: Requ
             rest, more = state.parser.finish()
             text, calls = text + rest, calls + more
     events = []
+    if not state.started:
+        state.started = True
+        if (prompt := fmt.prompt_chunk(index, out.seq)) is not None:
+            events.append(sse(prompt))
     if text or (out.finished and state.pending):
-        logprobs = fmt.logprobs(state.pending, len(fmt.echo) + state.sent) if state.pending else None
+        offset = len(fmt.prompt.echo(index)) + state.sent
+        logprobs = fmt.output_logprobs(state.pending, offset) if state.pending else None
         events.append(sse(fmt.delta(index, text, logprobs)))
         state.sent += len(text)
         state.pending = []
     if calls:
-        events.append(sse(fmt.tool_delta(index, calls)))
+        events.append(sse(fmt.tool_delta(index, one_entry_per_call(calls))))
         state.calls += len(calls)
     if out.finished:
         reason = "tool_calls" if state.calls and out.seq.finish_reason == "stop" else out.seq.finish_reason
@@ -138,17 +145,22 @@ async def stream_events(
         if fmt.include_usage:
             yield sse(fmt.usage([s for s in seqs if s is not None]))
     except Exception as exc:
-        error = from_engine_error(exc)
-        if error is None:
-            log.error("error while streaming %s", fmt.id, exc_info=exc)
-            error = internal_error()
-        note_stream_error(error)
-        yield sse(error.body(), ascii_only=True)
+        yield sse(stream_failure(exc, fmt.id).body(), ascii_only=True)
     finally:
         for pump in pumps:
             pump.cancel()
         await asyncio.gather(*pumps, return_exceptions=True)  # off the generators before they are closed
     yield DONE
+
+
+def stream_failure(exc: Exception, response_id: str) -> APIError:
+    """The error a stream that already started ends with (an unexpected one is logged); counted."""
+    error = from_engine_error(exc)
+    if error is None:
+        log.error("error while streaming %s", response_id, exc_info=exc)
+        error = internal_error()
+    note_stream_error(error)
+    return error
 
 
 class _StalledClient(Exception):

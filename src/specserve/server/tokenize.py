@@ -1,5 +1,6 @@
-"""vLLM's ``POST /tokenize`` and ``POST /detokenize``: the target's tokenizer over HTTP (clients count
-tokens and build prompts with it). A chat body (``messages``) is tokenized as the chat endpoint would."""
+"""vLLM's ``POST /tokenize``, ``POST /detokenize`` and ``GET /tokenizer_info``: the target's tokenizer over
+HTTP (clients count tokens and build prompts with it; lm-eval's remote tokenizer uses all three). A chat
+body (``messages``) is tokenized as the chat endpoint would."""
 
 from __future__ import annotations
 
@@ -87,3 +88,23 @@ async def detokenize(request: Request) -> dict[str, Any]:
     if any(not 0 <= t < vocab for t in req.tokens):
         raise invalid_request(f"Token ids must be in [0, {vocab}).", "tokens")
     return {"prompt": token_text(engine.vocabulary, req.tokens)}
+
+
+@router.get("/tokenizer_info")
+async def tokenizer_info(request: Request) -> dict[str, Any]:
+    """What vLLM's endpoint gives a remote tokenizer: the special tokens, the chat template, the context."""
+    state: ServerState = request.app.state.server
+    engine = state.require_engine()
+    vocabulary = engine.vocabulary
+    bos, eos = vocabulary.special_token_text("bos"), vocabulary.special_token_text("eos")
+    adds_bos = vocabulary.tokenize("a", add_special=True) != vocabulary.tokenize("a", add_special=False)
+    return {
+        "tokenizer_class": "GGUF",
+        "bos_token": bos or None,
+        "eos_token": eos or None,
+        "pad_token": None,
+        "add_bos_token": adds_bos,
+        "chat_template": vocabulary.chat_template(),
+        "model_max_length": engine.info.context_per_sequence,
+        "vocab_size": engine.info.vocab_size,
+    }

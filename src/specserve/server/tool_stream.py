@@ -196,3 +196,21 @@ def assemble(deltas: list[dict[str, Any]]) -> list[dict[str, Any]]:
         else:
             call["function"]["arguments"] += delta["function"].get("arguments", "")
     return [calls[i] for i in sorted(calls)]
+
+
+def one_entry_per_call(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A delta's ``tool_calls`` with one entry per call ``index``, as OpenAI sends them (clients such as
+    instructor read ``tool_calls[0]`` of each chunk): a call's head and the argument pieces that came in the
+    same engine step are one entry, their arguments joined."""
+    merged: list[dict[str, Any]] = []
+    for call in calls:
+        if merged and merged[-1]["index"] == call["index"]:
+            last = merged[-1]
+            function = {**last.get("function", {})}
+            function["arguments"] = function.get("arguments", "") + call.get("function", {}).get(
+                "arguments", ""
+            )
+            merged[-1] = {**last, "function": function}
+        else:
+            merged.append(call)
+    return merged

@@ -10,7 +10,10 @@ from specserve.tools.workloads import ToolInputError
 
 def sampling(**fields: Any) -> SamplingParams:
     """SamplingParams from flag values; a value it refuses is a ToolInputError (checked before any model
-    loads, so a bad flag costs no minutes)."""
+    loads, so a bad flag costs no minutes). A tool always generates: ``max_tokens`` 0 is the HTTP API's
+    prompt-only request."""
+    if fields.get("max_tokens", 1) < 1:
+        raise ToolInputError(f"max_tokens must be >= 1, got {fields['max_tokens']}")
     try:
         return SamplingParams(**fields)
     except ValueError as exc:

@@ -81,3 +81,23 @@ def _device(rows: Any, token_ids: Sequence[int], top_n: int) -> tuple[Any, Any, 
     top_values, top_ids = torch.topk(values, top_n, dim=-1) if top_n else (values[:, :0], ids[:, None][:, :0])
     packed = torch.cat([chosen[:, None], top_values, top_ids.double()], dim=1).cpu()
     return packed[:, 0].numpy(), packed[:, 1 + top_n :].long().numpy(), packed[:, 1 : 1 + top_n].numpy()
+
+
+def token_ranks(
+    rows: Any,  # [len(token_ids), vocab] numpy float32 or a torch tensor
+    token_ids: Sequence[int],
+) -> list[int]:
+    """Each token's rank in its row (1: the most likely; tied tokens share the best rank), as vLLM reports
+    a prompt token's."""
+    if len(token_ids) == 0:
+        return []
+    n = len(token_ids)
+    if isinstance(rows, np.ndarray):
+        logits = rows[:n]
+        chosen = logits[np.arange(n), np.asarray(token_ids)]
+        return [int(r) + 1 for r in (logits > chosen[:, None]).sum(axis=-1)]
+    import torch
+
+    ids = torch.tensor(list(token_ids), device=rows.device)
+    chosen = rows[:n].gather(1, ids[:, None])
+    return [int(r) + 1 for r in (rows[:n] > chosen).sum(dim=-1).cpu().tolist()]
