@@ -1,13 +1,13 @@
-"""A multi-turn agent loop against a running ``specserve serve``: several tools, 5+ turns, speculation on
-and off (per request), greedy.
+"""An agent loop against a running ``specserve serve``: four tools, one task per question (``--turns``
+questions), speculation on and off (per request), greedy.
 
-Each turn the user asks for something a tool answers; the model calls tools under ``tool_choice: "auto"``
-(its own spelling, through the lazy tool grammar), the loop runs them and sends the results back until the
-model answers in text; then the next turn. The same conversation runs with speculation off and on. Reported
-per setting: completion tokens, wall seconds, tokens/s over the model's time, tool calls made, and the share
-of completion tokens that were accepted drafts of each drafter (``grammar``: tokens the tool grammar
-forced, drafted for free). Each run has its own ``cache_salt``: neither reuses the other's prompt KV
-or, through the suffix drafter's per-tenant memory, its outputs.
+Each task asks for something a tool answers; the model calls tools under ``tool_choice: "auto"`` (its own
+spelling, through the lazy tool grammar), the loop runs them and sends the results back until the model
+answers in text (a call and an answer: two model turns per task). The same tasks run with speculation
+off and on. Reported per setting: completion tokens, wall seconds, tokens/s over the model's time, tool
+calls made, and the share of completion tokens that were accepted drafts of each drafter (``grammar``:
+tokens the tool grammar forced, drafted for free). Each run has its own ``cache_salt``: neither reuses
+the other's prompt KV or, through the suffix drafter's per-tenant memory, its outputs.
 
     python -m benchmarks.agent_loop --url http://127.0.0.1:8000 [--turns 6]
 
@@ -81,13 +81,16 @@ def tool_specs() -> list[dict[str, Any]]:
 
 
 def run(url: str, turns: int, speculation: bool) -> dict[str, Any]:
-    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
+    messages: list[dict[str, Any]] = []
     salt = f"agent-loop-{speculation}-{time.time_ns()}"  # no prefix-cache or suffix memory from the other run
     totals = {"completion_tokens": 0, "requests": 0, "tool_calls": 0, "seconds": 0.0}
     accepted: dict[str, int] = {}
+    answers: list[str] = []
     with httpx.Client(timeout=600) as client:
         for question in QUESTIONS[:turns]:
-            messages.append({"role": "user", "content": question})
+            # One task per question, each its own conversation: the 1.5B default model, given a whole
+            # history of earlier tasks, answers later questions from memory or repeats its last call.
+            messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
             for _ in range(4):  # calls, results, ... until the model answers in text
                 body = {
                     "messages": messages, "tools": tool_specs(), "temperature": 0, "max_tokens": 160,
@@ -106,6 +109,7 @@ def run(url: str, turns: int, speculation: bool) -> dict[str, Any]:
                 messages.append({k: v for k, v in message.items() if v is not None})
                 calls = message.get("tool_calls") or []
                 if not calls:
+                    answers.append(message.get("content") or "")
                     break
                 totals["tool_calls"] += len(calls)
                 for call in calls:
@@ -120,7 +124,7 @@ def run(url: str, turns: int, speculation: bool) -> dict[str, Any]:
         "seconds": round(float(totals["seconds"]), 2),
         "tokens_per_second": round(tokens / float(totals["seconds"]), 2),
         "accepted_share_by_drafter": {k: round(v / tokens, 3) for k, v in sorted(accepted.items())},
-        "final_answer": messages[-1].get("content"),
+        "answers": answers,
     }
 
 
@@ -135,7 +139,7 @@ def main() -> None:
         "cpu": cpu_model(), "machine": platform.machine(), "turns": args.turns,
         "speculation_off": off, "speculation_on": on,
         "speedup": round(on["tokens_per_second"] / off["tokens_per_second"], 3),
-        "same_conversation": off["final_answer"] == on["final_answer"]
+        "same_conversation": off["answers"] == on["answers"]
         and off["completion_tokens"] == on["completion_tokens"],
     }  # fmt: skip
     print(json.dumps(report, indent=2))
