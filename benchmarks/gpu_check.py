@@ -42,6 +42,7 @@ from benchmarks.gpu_check_models import (
     peak_bandwidth,
     random_decoder,
 )
+from benchmarks.gpu_check_numbers import attention_section, numbers_section
 from benchmarks.gpu_check_oracle import oracle_runs
 from benchmarks.gpu_check_report import (
     SECTIONS,
@@ -51,9 +52,16 @@ from benchmarks.gpu_check_report import (
     render,
     verify_section,
 )
-from benchmarks.gpu_check_timing import CallSpec, call_costs, decode_steps
-from specserve.backends.torch.runtime import TorchRuntime, resolve_dtype
+from benchmarks.gpu_check_timing import CallSpec, call_costs, decode_new_positions, decode_steps
+from specserve.backends.torch.runtime import TorchRuntime
+from specserve.backends.torch.setup import resolve_dtype
 
+MODES = {
+    "graphs": (False, True, "auto"),
+    "eager": (False, False, "auto"),
+    "exact": (True, True, "auto"),
+    "masked": (False, False, "masked"),
+}
 ROWS = (1, 2, 4, 8, 16)
 BATCHES = (1, 8)
 
@@ -93,7 +101,8 @@ def run_shape(shape: Shape, plan: Plan, args: argparse.Namespace, report: Report
     each to exact and fast kernels). Its models and runtimes are freed before returning."""
     device = torch.device(args.device)
     dtype = resolve_dtype(args.dtype, device)
-    modes = ("graphs", "eager", "exact") if device.type == "cuda" else ("eager", "exact")
+    # mode: (exact kernels, CUDA graphs, attention). "masked" is the attention before the row kernel.
+    modes = MODES if device.type == "cuda" else {m: MODES[m] for m in ("eager", "exact")}
     runtimes: dict[str, TorchRuntime] = {}
     drafts: dict[str, TorchRuntime] = {}
     name = shape.name
@@ -103,12 +112,13 @@ def run_shape(shape: Shape, plan: Plan, args: argparse.Namespace, report: Report
         started = time.perf_counter()
         target = random_decoder(shape.target, device, dtype, plan.context, seed=0)
         draft = random_decoder(shape.draft, device, dtype, plan.context, seed=1)
-        for mode in modes:
+        for mode, (exact, graphs, attention) in modes.items():
             common: dict[str, Any] = {
                 "device": device,
                 "dtype": args.dtype,
-                "exact": mode == "exact",
-                "graphs": mode == "graphs",
+                "exact": exact,
+                "graphs": graphs,
+                "attention": attention,
                 "max_sequences": max(BATCHES),
                 "context": plan.context,
                 "threads": args.threads,
@@ -142,17 +152,24 @@ def run_shape(shape: Shape, plan: Plan, args: argparse.Namespace, report: Report
         mean_position = plan.prefill + plan.steps / 2
         kv_bytes = runtimes["eager"].info.kv_bytes_per_token
         result = plain_section(measured, target, kv_bytes, mean_position, peak)
+        result["new_positions_batch_1"] = {
+            m: decode_new_positions(rt, plan.prefill, plan.steps) for m, rt in runtimes.items()
+        }
         graphs = runtimes["graphs"].graphs if "graphs" in runtimes else None
         if graphs is not None:  # a failed capture falls back to eager: graphs/eager ~1 would mislead
             result["graphs_captured"], result["graphs_failed"] = len(graphs.graphs), graphs.failed
         return result
 
+    report.section(
+        "numbers", name, lambda: numbers_section(runtimes, plan.prompt_tokens, min(64, plan.oracle_tokens))
+    )
     report.section("plain", name, plain)
     specs = [CallSpec(m, rt, ROWS) for m, rt in runtimes.items()]
     specs += [CallSpec(f"draft:{m}", rt, (1,)) for m, rt in drafts.items()]
     calls = report.section(
         "verify", name, lambda: verify_section(call_costs(specs, plan.prefill, plan.call_reps, share(0.15)))
     )
+    report.section("attention", name, lambda: attention_section(runtimes, plan.prefill))
     exact_rt = runtimes["exact"]
     info = exact_rt.info
     report.section("exact", name, lambda: exact_section(calls, info.exactness, info.exactness_note))

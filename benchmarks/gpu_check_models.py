@@ -198,6 +198,7 @@ def open_runtime(
     context: int,
     self_check: bool = True,
     threads: int | None = None,
+    attention: str = "auto",
 ) -> TorchRuntime:
     """A runtime over an in-memory ``model`` (runtimes may share one model: each has its own KV cache)."""
     return TorchRuntime(
@@ -212,6 +213,7 @@ def open_runtime(
         max_sequences=max_sequences,
         context_per_sequence=context,
         n_threads=threads,
+        attention=attention,
     )
 
 

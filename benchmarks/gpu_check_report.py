@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu_check_models import weight_bytes_read
+from benchmarks.gpu_check_numbers import render_numbers
 from specserve.backends.torch.model import Decoder
 
-SECTIONS = ("plain", "verify", "oracle", "exact")
+SECTIONS = ("numbers", "plain", "verify", "oracle", "exact", "attention")
 
 
 def _ratio(a: float, b: float) -> float:
@@ -147,7 +148,8 @@ def render(data: dict[str, Any]) -> str:
         )
     for skip in data["skipped"]:
         lines.append(f"- **{skip['shape']}** skipped: {skip['why']}")
-    lines += ["", "## plain\n", "One-token steps (each synchronized) after a short context.\n"]
+    lines += ["", *render_numbers(data)]
+    lines += ["## plain\n", "One-token steps (each synchronized) after a short context.\n"]
     for name, entry in data["plain"].items():
         lines.append(f"**{name}**\n")
         if _error(lines, entry):
@@ -164,6 +166,12 @@ def render(data: dict[str, Any]) -> str:
             else ""
         )
         lines.append(f"\ngraphs / eager tokens/s: {_fmt(ratio) if ratio is None else ratio}{captured}\n")
+        for mode, m in entry.get("new_positions_batch_1", {}).items():
+            lines.append(
+                f"- {mode}, batch 1 at new positions: median {m['median_step_ms']:.3f} ms, "
+                f"slowest {m['slowest_step_ms']:.3f} ms"
+            )
+        lines.append("")
     lines += ["## verify\n", "One call of n rows of one sequence, relative to a one-token step.\n"]
     for name, entry in data["verify"].items():
         lines.append(f"**{name}**\n")

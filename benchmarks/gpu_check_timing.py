@@ -61,6 +61,19 @@ def decode_steps(
     return {"step_ms": step * 1000, "tokens_per_s": batch / step}
 
 
+def decode_new_positions(runtime: TorchRuntime, context: int, steps: int) -> dict[str, float]:
+    """One sequence's one-token steps at positions this runtime has not run before (as serving meets them:
+    every step a new key length), after ``context`` tokens: median and slowest step ms. A kernel that
+    builds a plan per key length (cuDNN's SDPA) pays here, and not in :func:`decode_steps`, whose timed
+    blocks replay the positions of its warm-up."""
+    tokens = context_tokens(runtime.config.vocab_size, context + steps, seed=2)
+    runtime.free(0)
+    runtime.decode([DecodeChunk(0, tokens[:context], 0, 1)])
+    times = [_timed(runtime, [DecodeChunk(0, [tokens[context + i]], context + i, 1)]) for i in range(steps)]
+    runtime.free(0)
+    return {"median_step_ms": statistics.median(times) * 1000, "slowest_step_ms": max(times) * 1000}
+
+
 @dataclass(frozen=True)
 class CallSpec:
     """One configuration of :func:`call_costs`: a runtime and the row counts to time on it."""

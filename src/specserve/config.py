@@ -77,6 +77,12 @@ class Settings:
         "Weight and KV dtype of the torch runtime: auto = bf16 on a GPU (else fp16) and on a CPU with bf16 "
         "instructions (AVX-512 BF16, AMX), else float32.",
     )
+    attention: Literal["auto", "rows", "masked"] = _model(
+        "auto",
+        "Attention of the torch runtime: rows (a Triton kernel reading the KV cache in place, each row to "
+        "its own length; CUDA graphs for every decode and verify step), masked (SDPA over gathered keys "
+        "with a mask), or auto (rows on CUDA, masked on a CPU).",
+    )
     model_dir: str | None = _model(None, "Model cache directory (default ~/.cache/specserve/models).")
     context_size: int = _model(4096, "Context length per sequence, in tokens.", "--ctx-size")
     threads: int | None = _model(None, "CPU threads for llama.cpp or torch on the CPU (default: all cores).")

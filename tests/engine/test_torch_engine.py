@@ -21,10 +21,21 @@ from support.tiny_models import TinyModels
 CODE = "def check(values):\n    return [value * 2 for value in values if value]\n"
 
 
-@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+@pytest.fixture(
+    scope="module",
+    params=[
+        ("float32", "masked"),
+        ("bfloat16", "masked"),
+        pytest.param(("float32", "rows"), marks=pytest.mark.slow),  # interpreted: minutes
+    ],
+    ids=["fp32", "bf16", "fp32-rows"],
+)
 def models(tiny_models: TinyModels, request: pytest.FixtureRequest) -> Iterator[LoadedModels]:
+    """The CPU's attention in both dtypes, and the GPU's row attention (Triton, interpreted here)."""
+    dtype, attention = request.param
     settings = Settings(
-        dtype=request.param,
+        dtype=dtype,
+        attention=attention,
         target=str(tiny_models.target),
         draft=str(tiny_models.draft_close),
         backend="torch",
@@ -80,6 +91,24 @@ def test_greedy_speculative_output_equals_plain(models: LoadedModels, drafter: s
     assert drafts > 0 and accepted > 0
     assert speculative == plain
     assert plain[0] == plain[1]  # the second round (prefix-cache hits) decodes the same
+
+
+def test_greedy_speculation_equals_plain_with_the_gpus_row_attention(tiny_models: TinyModels) -> None:
+    """Exact mode with the row attention (the Triton kernel a GPU runs, interpreted here; the default run's
+    short version of the fp32-rows cases): n-gram drafts, the prefix cache's second round."""
+    settings = Settings(
+        dtype="float32", attention="rows", target=str(tiny_models.target), draft=None, backend="torch",
+        device="cpu", threads=1, context_size=512, max_running=4, calibration_cache=False,
+    ).validate()  # fmt: skip
+    loaded = load_models(settings, calibrate_costs=False)
+    try:
+        assert loaded.target.info.exactness == "batch-invariant"
+        greedy = SamplingParams(temperature=0.0, max_tokens=40)
+        plain, _, _ = run(loaded, (), greedy)
+        speculative, drafts, accepted = run(loaded, ("ngram",), greedy)
+        assert drafts > 0 and accepted > 0 and speculative == plain and plain[0] == plain[1]
+    finally:
+        loaded.close()
 
 
 def test_seeded_sampling_with_ngram_drafts_equals_plain_sampling(models: LoadedModels) -> None:

@@ -223,6 +223,7 @@ def open_runtime(path: str, settings: Settings, max_sequences: int, self_check: 
             exact=settings.exact and self_check,
             self_check=self_check,
             graph_tokens=settings.num_draft_tokens + 1,
+            attention=settings.attention,
         )
     if Path(path).is_dir():
         raise BackendError(f"{path} is a checkpoint directory: llama.cpp needs a GGUF file (--backend torch)")

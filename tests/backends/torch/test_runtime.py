@@ -145,48 +145,81 @@ def test_closed_runtime_refuses_to_decode(tiny_models: TinyModels) -> None:
         runtime.decode([DecodeChunk(0, [1], 0, 1)])
 
 
-def test_cuda_graph_layout_gives_the_eager_logits(tiny_models: TinyModels) -> None:
-    """The graphs' padded buckets (padding rows and keys in the scratch slot) run here without capture:
-    same logits as eager decoding, for one sequence and for a mixed batch."""
-    from specserve.backends.torch.graphs import GraphRunner
+def _fast(tiny_models: TinyModels, attention: str = "masked", exact: bool = False) -> TorchRuntime:
+    return TorchRuntime(
+        tiny_models.target,
+        context_per_sequence=300,
+        max_sequences=3,
+        n_threads=1,
+        exact=exact,
+        dtype="float32",
+        attention=attention,
+    )
 
-    def fast() -> TorchRuntime:
-        return TorchRuntime(
-            tiny_models.target,
-            context_per_sequence=300,
-            max_sequences=3,
-            n_threads=1,
-            exact=False,
-            dtype="float32",
-        )
 
-    eager, padded = fast(), fast()
-    padded.graphs = GraphRunner(padded.model, padded.cache, padded.kernels, capture=False)
-    ids = eager.tokenize(TEXT)
-    steps = [
-        [DecodeChunk(0, ids[:20], 0, 1)],
-        [DecodeChunk(0, ids[20:25], 20, 5), DecodeChunk(1, ids[:3], 0, 3)],
-        [DecodeChunk(0, ids[25:26], 25, 1), DecodeChunk(1, ids[3:10], 3, 7), DecodeChunk(2, ids[:9], 0, 2)],
-    ]
+STEPS = [
+    [(0, 0, 20, 1)],  # (slot, start, rows, logits): a prompt from position 0
+    [(0, 20, 5, 5), (1, 0, 3, 3)],
+    [(0, 25, 1, 1), (1, 3, 7, 7), (2, 0, 9, 2)],
+    [(2, 9, 200, 1)],  # a long chunk continuing a prefix: past the split at 256 keys
+]
+
+
+def _chunks(ids: list[int], step: list[tuple[int, int, int, int]]) -> list[DecodeChunk]:
+    return [DecodeChunk(slot, ids[start : start + n], start, logits) for slot, start, n, logits in step]
+
+
+def test_the_row_attention_gives_the_masked_attentions_logits(tiny_models: TinyModels) -> None:
+    """The Triton kernel (interpreted here) over the cache in place against SDPA over gathered keys: prompt
+    chunks, verify chunks of several sequences, a long chunk after a prefix; fast kernels and exact mode."""
+    masked, rows = _fast(tiny_models), _fast(tiny_models, "rows")
+    ids = masked.tokenize(TEXT * 3)
     try:
-        for chunks in steps:
-            a, b = eager.decode(chunks), padded.decode(chunks)
+        for step in STEPS:
+            a, b = masked.decode(_chunks(ids, step)), rows.decode(_chunks(ids, step))
+            assert a.offsets == b.offsets and (a.rows - b.rows).abs().max().item() < 1e-4
+        assert rows.kernels.used == {"rows", "sdpa-causal"} and masked.kernels.used == {"sdpa-masked"}
+        assert rows.attention_kernel.startswith("triton rows") and "triton rows" in rows.info.build
+    finally:
+        masked.close()
+        rows.close()
+    exact = _fast(tiny_models, "rows", exact=True)
+    try:
+        assert exact.info.exactness == "batch-invariant", exact.info.exactness_note
+        assert exact.kernels.used == {"rows"}  # every row, prompts too: their K and V feed later layers
+    finally:
+        exact.close()
+
+
+def test_cuda_graph_layout_gives_the_eager_logits(tiny_models: TinyModels) -> None:
+    """The graphs' padded row buckets (padding rows in the scratch slot) run here without capture: the
+    eager logits, for one sequence and for mixed batches, and a bucket replayed with new content."""
+    from specserve.backends.torch.graphs import GraphRunner, row_buckets
+
+    assert row_buckets(40, None) == [1, 2, 4, 8, 16, 24, 32, 48] and row_buckets(40, 32) == [32, 64]
+    assert row_buckets(3, None) == [1, 2, 4] and row_buckets(200, None)[-3:] == [128, 192, 256]
+    eager, padded = _fast(tiny_models, "rows"), _fast(tiny_models, "rows")
+    padded.graphs = GraphRunner(padded.model, padded.cache, padded.kernels, max_rows=24, capture=False)
+    ids = eager.tokenize(TEXT * 3)
+    try:
+        for step in STEPS[:3]:
+            a, b = eager.decode(_chunks(ids, step)), padded.decode(_chunks(ids, step))
             assert a.offsets == b.offsets
             assert (a.rows - b.rows).abs().max().item() < 1e-5
-        assert len(padded.graphs.graphs) == 3  # one bucket per step shape
+        assert sorted(padded.graphs.graphs) == [(8, ()), (24, ())]  # 20 and 17 rows share 24
         assert padded.kv_positions(1) == 10 and padded.kv_positions(2) == 9
-        # Warming at load: batches 1, 2, 4 (3 slots) x verify chunks 1..8 rows (B x T <= 64), no KV kept.
-        for slot in range(3):
-            padded.free(slot)
-        # 12 buckets, of which (2, 8, 256) existed already (the steps above used (1, 32), (2, 8), (4, 16)).
-        assert padded.graphs.warm(3, 8) == 3 + 12 - 1
-        assert all(padded.kv_positions(slot) == 0 for slot in range(3))
-        # A bucket replayed with other content than it was first run with:
-        for slot in range(3):
-            eager.free(slot)
-        again = [DecodeChunk(0, ids[:7], 0, 7), DecodeChunk(1, ids[7:9], 0, 2)]
-        a, b = eager.decode(again), padded.decode(again)
-        assert (a.rows - b.rows).abs().max().item() < 1e-5 and len(padded.graphs.graphs) == 14
+        # Warming: every bucket, largest first, writing only the scratch slot.
+        assert padded.graphs.warm() == 6
+        assert [padded.kv_positions(slot) for slot in range(3)] == [26, 10, 9]
+        # A block drafter's layers: graphs of their own, the eager hidden states.
+        eager.capture_layers = padded.capture_layers = (0, 1)
+        assert len(padded.graphs.graphs) == 12
+        chunks = [DecodeChunk(0, ids[26:30], 26, 4), DecodeChunk(1, ids[10:12], 10, 2)]
+        a, b = eager.decode(chunks), padded.decode(chunks)
+        assert eager.hidden is not None and padded.hidden is not None
+        assert padded.hidden.rows.shape == eager.hidden.rows.shape == (6, 2, eager.config.hidden_size)
+        assert (eager.hidden.rows - padded.hidden.rows).abs().max().item() < 1e-5
+        assert (a.rows - b.rows).abs().max().item() < 1e-5
     finally:
         eager.close()
         padded.close()

@@ -1,13 +1,16 @@
-"""CUDA graphs for the decode and verify steps of the fast kernels.
+"""CUDA graphs for every serving step of up to the largest bucket's rows, in both kernel modes.
 
 A step of a few rows on a GPU is launch-bound in eager mode (a dozen kernels per layer); replaying a graph
-captured for its shape costs one launch. A shape (:class:`~.step_inputs.Padding`) is a bucket of
-(chunks, tokens per chunk, keys per chunk), each a power of two, for steps of at most
-:data:`MAX_GRAPH_ROWS` padded rows; longer steps (prompt chunks) run eagerly. Padding rows write into the KV
-cache's scratch slot and attend to one padding key only; real rows never see a padding key. The graph ends
-at the final norm: the LM head runs outside it on just the rows whose logits are wanted, so a graph holds
-``[rows, hidden]`` of output, not ``[rows, vocab]``. Each bucket is captured the first time it is used
-(``warm`` captures the decode and verify buckets at load) into one shared memory pool, as nano-vllm does.
+captured for its shape costs one launch. Because the row attention (:mod:`.row_attention`) reads each
+row's slot and position from device tensors, a graph's shape is its row count alone: one graph serves any
+mix of decode and verify chunks at any key length up to the cache's (no key-length buckets). A step's rows
+are padded up to the next bucket (:func:`row_buckets`); padding rows write and read position 0 of the KV
+cache's scratch slot. The graph ends at the final norm, optionally with the hidden states of the layers a
+block drafter reads (DFlash2): the LM head runs outside it on just the rows whose logits are wanted, so a
+graph holds ``[rows, hidden]`` of output, not ``[rows, vocab]``.
+
+``warm`` captures every bucket at load, largest first into one shared memory pool (nano-vllm's order:
+smaller graphs reuse the largest one's memory). A failed capture disables its bucket only, and says why.
 """
 
 from __future__ import annotations
@@ -21,116 +24,134 @@ import torch
 from specserve.backends.base import DecodeChunk
 from specserve.backends.torch.kv_cache import KVCache
 from specserve.backends.torch.model import Decoder, Kernels, Step
-from specserve.backends.torch.step_inputs import Padding, build_step
+from specserve.backends.torch.step_inputs import build_row_step
 
 log = logging.getLogger("specserve.torch.graphs")
 
-MAX_GRAPH_ROWS = 64
-MIN_GRAPH_KEYS = 256
+GraphKey = tuple[int, tuple[int, ...]]
+"""(padded rows, the captured layers)."""
 
 
-def _power_of_two(n: int, smallest: int = 1) -> int:
-    return max(smallest, 1 << (n - 1).bit_length())
+def row_buckets(max_rows: int, tile_rows: int | None) -> list[int]:
+    """The padded row counts graphs are captured for, ascending, up to the first at least ``max_rows``:
+    1, 2, 4, 8, 16, then steps of 1.5x and 4/3x (24, 32, 48, 64, 96, ...), so padding costs at most half
+    a step's rows; with tiles (exact mode) the multiples of ``tile_rows``, since every call is whole tiles.
+
+    Example: ``row_buckets(40, None)`` → ``[1, 2, 4, 8, 16, 24, 32, 48]``; ``row_buckets(40, 32)`` →
+    ``[32, 64]``.
+    """
+    if tile_rows is not None:
+        return [tile_rows * i for i in range(1, -(-max_rows // tile_rows) + 1)]
+    buckets = [1, 2, 4, 8, 16]
+    while buckets[-1] < max_rows:
+        last = buckets[-1]
+        buckets.append(last * 3 // 2 if last & (last - 1) == 0 else last * 4 // 3)
+    return [b for b in buckets if b < max_rows] + [next(b for b in buckets if b >= max_rows)]
 
 
 class _Graph:
-    """One captured forward: the static step it reads, the hidden rows it leaves."""
+    """One captured forward: the static step it reads, the hidden rows (and captured layers) it leaves."""
 
     def __init__(
-        self, model: Decoder, cache: KVCache, kernels: Kernels, step: Step, pool: Any, capture: bool = True
+        self,
+        model: Decoder,
+        cache: KVCache,
+        kernels: Kernels,
+        step: Step,
+        capture_layers: tuple[int, ...],
+        pool: Any,
+        capture: bool = True,
     ) -> None:
         self.step = step
-        self.hidden: torch.Tensor
-        self.run_eagerly = (lambda: model(self.step, cache, kernels, head=False)[0]) if not capture else None
+        self.outputs: tuple[torch.Tensor, torch.Tensor | None]
+
+        def forward() -> tuple[torch.Tensor, torch.Tensor | None]:
+            outputs: tuple[torch.Tensor, torch.Tensor | None] = model(
+                self.step, cache, kernels, capture_layers, head=False
+            )
+            return outputs
+
+        self.run_eagerly = forward if not capture else None
         if not capture:  # the same static inputs, run without a graph (a CPU test of the layout)
             return
-        stream = torch.cuda.Stream(cache.k.device)  # type: ignore[no-untyped-call]
-        stream.wait_stream(torch.cuda.current_stream(cache.k.device))
-        with torch.cuda.stream(stream):  # warm up outside the capture (cuBLAS workspaces, autotuning)
+        device = cache.k.device
+        stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):  # warm up outside the capture (cuBLAS workspaces, Triton's compile)
             for _ in range(2):
-                model(step, cache, kernels, head=False)
-        torch.cuda.current_stream(cache.k.device).wait_stream(stream)
+                forward()
+        torch.cuda.current_stream(device).wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
-            self.hidden, _ = model(step, cache, kernels, head=False)
+            self.outputs = forward()
 
-    def replay(self, step: Step) -> torch.Tensor:
-        """Copy ``step`` (laid out at this graph's padding) into the static inputs and replay."""
-        for name in ("token_ids", "positions", "slots", "key_slots", "key_positions", "mask"):
+    def replay(self, step: Step) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Copy ``step`` (laid out at this graph's rows) into the static inputs and replay."""
+        for name in ("token_ids", "positions", "slots"):
             getattr(self.step, name).copy_(getattr(step, name), non_blocking=True)
         if self.run_eagerly is not None:
-            hidden: torch.Tensor = self.run_eagerly()
-            return hidden
+            return self.run_eagerly()
         self.graph.replay()
-        return self.hidden
+        return self.outputs
 
 
 class GraphRunner:
-    """The graphs of one runtime, by padding bucket."""
+    """The graphs of one runtime, by padded row count (and captured layers)."""
 
-    def __init__(self, model: Decoder, cache: KVCache, kernels: Kernels, capture: bool = True) -> None:
+    def __init__(
+        self, model: Decoder, cache: KVCache, kernels: Kernels, max_rows: int, capture: bool = True
+    ) -> None:
         """``capture=False``: every bucket runs its static inputs eagerly (tests the layout off a GPU)."""
+        if kernels.row_attention is None:
+            raise ValueError("CUDA graphs need the row attention (a graph cannot hold a per-length mask)")
         self.model, self.cache, self.kernels = model, cache, kernels
-        self.graphs: dict[Padding, _Graph] = {}
+        self.buckets = row_buckets(max_rows, kernels.tile_rows)
+        self.graphs: dict[GraphKey, _Graph] = {}
+        self.failed: dict[GraphKey, str] = {}
+        """Buckets whose capture failed, with the error: they run eagerly."""
         self.capture = capture
         self.pool: Any = torch.cuda.graph_pool_handle() if capture else None
-        self.failed = False
 
-    def padding_for(self, chunks: Sequence[DecodeChunk]) -> Padding | None:
-        """The bucket these chunks run in, or None: run them eagerly."""
-        if self.failed:
-            return None
-        batch = _power_of_two(len(chunks))
-        tokens = _power_of_two(max(len(c.tokens) for c in chunks))
-        if batch * tokens > MAX_GRAPH_ROWS:
-            return None
-        end = max(c.start_pos + len(c.tokens) for c in chunks)
-        keys = min(_power_of_two(end + 1, MIN_GRAPH_KEYS), self.cache.positions + 1)
-        return Padding(batch, tokens, keys)
+    def padding_for(self, chunks: Sequence[DecodeChunk]) -> int | None:
+        """The padded row count these chunks run at, or None: too many rows, run them eagerly."""
+        rows = sum(len(c.tokens) for c in chunks)
+        return next((b for b in self.buckets if b >= rows), None)
 
-    def run(self, chunks: Sequence[DecodeChunk], padding: Padding) -> torch.Tensor:
-        """Logits ``[R, vocab]`` of the chunks' wanted rows, through the graph of ``padding``."""
-        cache = self.cache
-        step = build_step(
-            chunks,
-            cache.k.device,
-            max_positions=cache.positions,
-            scratch_slot=cache.scratch_slot,
-            padding=padding,
+    def run(
+        self, chunks: Sequence[DecodeChunk], rows: int, capture_layers: tuple[int, ...] = ()
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits ``[R, vocab]`` of the chunks' wanted rows through the graph of ``rows`` padded rows, and
+        the captured layers' outputs of their real rows (``[n, len(capture_layers), hidden]``) or None."""
+        step = build_row_step(
+            chunks, self.cache.k.device, scratch_slot=self.cache.scratch_slot, padded_rows=rows
         )
-        graph = self.graphs.get(padding)
-        if graph is None:
+        key = (rows, capture_layers)
+        graph = self.graphs.get(key)
+        if graph is None and key not in self.failed:
             try:
-                graph = _Graph(self.model, cache, self.kernels, step, self.pool, self.capture)
-            except RuntimeError:
-                log.warning("CUDA graph capture failed; decoding eagerly from now on", exc_info=True)
-                self.failed = True
-                hidden, _ = self.model(step, cache, self.kernels, head=False)
-                return self._logits(hidden, step)
-            self.graphs[padding] = graph
-        return self._logits(graph.replay(step), step)
+                graph = _Graph(
+                    self.model, self.cache, self.kernels, step, capture_layers, self.pool, self.capture
+                )
+                self.graphs[key] = graph
+            except RuntimeError as exc:
+                log.warning("CUDA graph capture of %d rows failed; that bucket runs eagerly: %s", rows, exc)
+                self.failed[key] = str(exc)
+        if graph is None:
+            hidden, captured = self.model(step, self.cache, self.kernels, capture_layers, head=False)
+        else:
+            hidden, captured = graph.replay(step)
+        real = sum(len(c.tokens) for c in chunks)
+        return self._logits(hidden, step), None if captured is None else captured[:real]
 
-    def warm(self, max_chunks: int, max_tokens: int) -> int:
-        """Capture, at load, the buckets of steps of up to ``max_chunks`` sequences with verify chunks of up
-        to ``max_tokens`` rows at the shortest key bucket; returns how many graphs exist. Longer contexts
-        capture their key buckets on first use. Writes only positions the slots then forget."""
-        slots = min(max_chunks, self.cache.num_slots)
-        batch = 1
-        while batch <= _power_of_two(slots):
-            tokens = 1
-            while (
-                tokens <= _power_of_two(max_tokens) and batch * tokens <= MAX_GRAPH_ROWS and not self.failed
-            ):
-                chunks = [DecodeChunk(slot, [0] * tokens, 0, tokens) for slot in range(min(batch, slots))]
-                padding = self.padding_for(chunks)
-                if padding is not None and padding not in self.graphs:
-                    self.run(chunks, padding)
-                tokens *= 2
-            batch *= 2
-        for slot in range(slots):
-            self.cache.free(slot)
+    def warm(self, capture_layers: tuple[int, ...] = ()) -> int:
+        """Capture every bucket, largest first; returns how many graphs exist. Writes only position 0 of
+        the scratch slot."""
+        for rows in sorted(self.buckets, reverse=True):
+            if (rows, capture_layers) not in self.graphs:
+                self.run([DecodeChunk(self.cache.scratch_slot, [0], 0, 1)], rows, capture_layers)
         return len(self.graphs)
 
     def _logits(self, hidden: torch.Tensor, step: Step) -> torch.Tensor:
-        logits: torch.Tensor = self.model.lm_head(hidden[step.logit_rows]).float()
+        head = self.model.lm_head
+        logits: torch.Tensor = self.kernels.rows(head, hidden[step.logit_rows]).float()
         return logits

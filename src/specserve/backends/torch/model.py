@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from specserve.backends.torch.config import DecoderConfig, rope_inverse_frequencies
 from specserve.backends.torch.kv_cache import KVCache
+from specserve.backends.torch.row_attention import RowAttention
 
 KEY_BUCKET_MIN = 64
 """Smallest key length of the batch-invariant attention (rows at positions < 64 share one shape)."""
@@ -36,26 +37,31 @@ KEY_BUCKET_MIN = 64
 class Step:
     """The device tensors of one forward pass over ``N`` token rows in ``B`` chunks (one per sequence).
 
-    Fast kernels: chunk ``b``'s queries are rows ``query_index[b]`` (``N`` = a zero padding query); it
-    attends to key ``j`` (position ``key_positions[b, j]`` of slot ``key_slots[b, j]``) where
-    ``mask[b, t, j]``; row ``i`` reads its output back at ``[row_chunk[i], row_pos[i]]``. The
-    batch-invariant kernels read ``slots``, ``positions`` and ``key_buckets`` instead.
+    Every layout has the rows' ``token_ids``, ``positions`` and ``slots``: row ``i`` writes its K and V at
+    (``slots[i]``, ``positions[i]``) and attends to keys ``0 .. positions[i]`` of that slot, which is all
+    the row attention (:mod:`.row_attention`) reads. The masked layout (the CPU's fast kernels) adds: chunk
+    ``b``'s queries are rows ``query_index[b]`` (``N`` = a zero padding query); it attends to key ``j``
+    (position ``key_positions[b, j]`` of slot ``key_slots[b, j]``) where ``mask[b, t, j]``; row ``i`` reads
+    its output back at ``[row_chunk[i], row_pos[i]]``. The CPU's batch-invariant kernels read
+    ``key_buckets``.
     """
 
     token_ids: Tensor  # [N] int64
     positions: Tensor  # [N] int64
     slots: Tensor  # [N] int64, the KV slot each row writes (the scratch slot for padding rows)
-    query_index: Tensor  # [B, T] int64 in [0, N]
-    row_chunk: Tensor  # [N] int64
-    row_pos: Tensor  # [N] int64
-    key_slots: Tensor  # [B, L] int64
-    key_positions: Tensor  # [B, L] int64
-    mask: Tensor  # [B, T, L] bool
     logit_rows: Tensor  # [R] int64, rows whose logits are returned, in order
+    query_index: Tensor | None = None  # [B, T] int64 in [0, N]
+    row_chunk: Tensor | None = None  # [N] int64
+    row_pos: Tensor | None = None  # [N] int64
+    key_slots: Tensor | None = None  # [B, L] int64
+    key_positions: Tensor | None = None  # [B, L] int64
+    mask: Tensor | None = None  # [B, T, L] bool
     key_buckets: tuple[tuple[int, Tensor], ...] = ()
     """Batch-invariant attention: (key length, row indices [n] int64) per group of rows sharing one."""
     only_slot: int | None = None
     """One chunk, eager: its keys are a view of its slot (no gather)."""
+    from_start: bool = False
+    """With ``only_slot``: the chunk starts at position 0, so its keys are its own rows (causal SDPA)."""
 
 
 class RMSNorm(nn.Module):
@@ -74,11 +80,18 @@ class RMSNorm(nn.Module):
 class Kernels:
     """How row-wise work and attention run: over all rows (fast) or in fixed-shape tiles (invariant)."""
 
-    def __init__(self, tile_rows: int | None, attention_rows: int = 4) -> None:
+    def __init__(
+        self, tile_rows: int | None, attention_rows: int = 4, row_attention: RowAttention | None = None
+    ) -> None:
         self.tile_rows = tile_rows
         """None: fast kernels; else the row count of every row-wise kernel call (batch-invariant)."""
         self.attention_rows = attention_rows
         """Query rows of every batch-invariant attention call: few, as each gathers its own keys."""
+        self.row_attention = row_attention
+        """Attention over the cache in place (a GPU's): every row in both modes, except a prompt chunk
+        from position 0 in fast mode, which goes to causal SDPA (FlashAttention's shape)."""
+        self.used: set[str] = set()
+        """The attention paths that ran (``rows``, ``sdpa-causal``, ``sdpa-masked``, ``tiles``)."""
 
     @property
     def invariant(self) -> bool:
@@ -95,9 +108,23 @@ class Kernels:
 
     def attention(self, q: Tensor, cache: KVCache, layer: int, step: Step) -> Tensor:
         """``q [N, heads, head_dim]`` → ``[N, heads, head_dim]`` over the cached keys the step allows."""
+        if self.row_attention is not None:
+            if step.from_start and step.only_slot is not None and not self.invariant:
+                self.used.add("sdpa-causal")
+                n = q.shape[0]
+                k, v = cache.k[layer][step.only_slot, :n], cache.v[layer][step.only_slot, :n]
+                out = F.scaled_dot_product_attention(
+                    q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, enable_gqa=True
+                )  # [heads, N, head_dim]
+                return out.transpose(0, 1)
+            self.used.add("rows")
+            return self.row_attention(q, cache.k[layer], cache.v[layer], step.slots, step.positions)
         if self.tile_rows is None:
+            self.used.add("sdpa-masked")
+            assert step.query_index is not None and step.mask is not None, "a masked step"
+            assert step.row_chunk is not None and step.row_pos is not None
             if step.only_slot is not None:  # one sequence: its keys as they lie in the cache
-                end = step.key_slots.shape[1]
+                end = step.mask.shape[2]
                 k, v = cache.k[layer][step.only_slot, :end][None], cache.v[layer][step.only_slot, :end][None]
             else:
                 k = cache.k[layer][step.key_slots, step.key_positions]  # [B, L, kv_heads, head_dim]
@@ -111,6 +138,7 @@ class Kernels:
                 enable_gqa=True,
             )  # [B, heads, T, head_dim]
             return out.transpose(1, 2)[step.row_chunk, step.row_pos]
+        self.used.add("tiles")
         return self._invariant_attention(q, cache, layer, step)
 
     def _invariant_attention(self, q: Tensor, cache: KVCache, layer: int, step: Step) -> Tensor:
@@ -245,7 +273,7 @@ class Decoder(nn.Module):
             if index in capture:
                 captured.append(x)
         hidden = torch.stack(captured, dim=1) if captured else None
-        if not head:
-            return self.norm(x), hidden
+        if not head:  # the norm in tiles too: exact mode's graphs end here
+            return kernels.rows(self.norm, x), hidden
         logits = kernels.rows(lambda rows: self.lm_head(self.norm(rows)), x[step.logit_rows]).float()
         return logits, hidden

@@ -36,7 +36,9 @@ from specserve.backends.invariance import check_batch_invariance
 from specserve.backends.torch.graphs import GraphRunner
 from specserve.backends.torch.kv_cache import KVCache
 from specserve.backends.torch.model import Decoder, Kernels
-from specserve.backends.torch.step_inputs import build_step
+from specserve.backends.torch.row_attention import choose_row_attention
+from specserve.backends.torch.setup import check_model, open_vocabulary, resolve_dtype
+from specserve.backends.torch.step_inputs import build_row_step, build_step
 from specserve.backends.torch.weights import load_decoder, open_weights
 
 log = logging.getLogger("specserve.torch")
@@ -49,29 +51,6 @@ SHORT_CHUNK_ROWS = 32
 """Chunks of at most this many rows (decode and verify) share one forward pass."""
 MAX_CALL_ROWS = 512
 """Rows of one forward pass over a long chunk: bounds the attention scores and activations it holds."""
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """``auto``: bf16 on a GPU that has it (fp16 otherwise); on a CPU bf16 where it has bf16 instructions
-    (AVX-512 BF16 or AMX: half the bytes of float32 and, measured on a Zen 4, twice the speed per step),
-    float32 elsewhere (emulated bf16 is slower than float32)."""
-    if name != "auto":
-        return DTYPES[name]
-    if device.type == "cuda":
-        # Not emulated bf16 (a V100 or T4 "supports" it several times slower than fp16).
-        native = torch.cuda.is_bf16_supported(including_emulation=False)
-        return torch.bfloat16 if native else torch.float16
-    return torch.bfloat16 if cpu_has_bf16() else torch.float32
-
-
-def cpu_has_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return " avx512_bf16" in flags or " amx_bf16" in flags
 
 
 class TorchRuntime(ModelRuntime[torch.Tensor]):
@@ -90,12 +69,16 @@ class TorchRuntime(ModelRuntime[torch.Tensor]):
         self_check: bool = True,
         cuda_graphs: bool = True,
         graph_tokens: int = 16,
+        attention: str = "auto",
         model: Decoder | None = None,
         vocabulary: Any = None,
     ) -> None:
-        """``graph_tokens``: the longest verify chunk whose CUDA graphs are captured at load (on CUDA with
-        fast kernels). ``model`` and ``vocabulary``: run a decoder built in memory instead of loading
-        ``path`` (the GPU check's random weights of real shapes); ``path`` then only names it."""
+        """``graph_tokens``: a verify chunk of up to this many rows for every slot at once fits the CUDA
+        graphs captured at load (``max_sequences * graph_tokens`` rows). ``attention``: ``rows``
+        (the Triton kernel over the cache in place), ``masked`` (SDPA over gathered keys; the CPU's) or
+        ``auto`` (rows where Triton runs: CUDA). ``model`` and ``vocabulary``: run a decoder built in memory
+        instead of loading ``path`` (the GPU check's random weights of real shapes); ``path`` then only
+        names it."""
         self._path = Path(path)
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -111,8 +94,8 @@ class TorchRuntime(ModelRuntime[torch.Tensor]):
                 raise ModelLoadError(f"the torch runtime could not load {self._path}: {exc}") from exc
         self.model = model
         self.config = config = model.config
-        _check_model(model, self.dtype, self.device, context_per_sequence)
-        self.vocab = vocabulary if vocabulary is not None else _open_vocabulary(self._path)
+        check_model(model, self.dtype, self.device, context_per_sequence)
+        self.vocab = vocabulary if vocabulary is not None else open_vocabulary(self._path)
         self.cache = KVCache(
             num_layers=config.num_layers,
             num_slots=max_sequences,
@@ -122,10 +105,11 @@ class TorchRuntime(ModelRuntime[torch.Tensor]):
             dtype=self.dtype,
             device=self.device,
         )
-        self.capture_layers: tuple[int, ...] = ()
+        self._capture_layers: tuple[int, ...] = ()
         self.hidden: StepLogits[torch.Tensor] | None = None
         self._closed = False
-        self.kernels = Kernels(TILE_ROWS.get(self.device.type, 32) if exact else None)
+        self.row_attention = choose_row_attention(attention, config, self.device, context_per_sequence)
+        self.kernels = self._kernels(exact)
         self.info = RuntimeInfo(
             path=str(self._path),
             description=f"{config.family} {config.num_layers}L/{config.hidden_size} {self.dtype} torch",
@@ -137,16 +121,47 @@ class TorchRuntime(ModelRuntime[torch.Tensor]):
             exactness="batch-invariant" if exact else "off",
             kv_bytes_per_token=self.cache.bytes_per_token,
             logits_device=f"torch:{self.device.type}",
-            build=f"torch {torch.__version__} {self.device}",
+            build=f"torch {torch.__version__} {self.device}; attention: {self.attention_kernel}",
         )
         self.graphs: GraphRunner | None = None
+        self._graph_rows = max_sequences * graph_tokens if cuda_graphs else 0
         self._events: tuple[Any, Any] | None = None  # CUDA events around the last decode
+        self._capture_graphs()
         if exact and self_check:
             self._prove_invariance()
-        if cuda_graphs and self.device.type == "cuda" and not self.kernels.invariant:
-            self.graphs = GraphRunner(self.model, self.cache, self.kernels)
-            with torch.inference_mode():  # the decode and verify shapes the engine uses, captured now
-                log.info("%d CUDA graphs captured", self.graphs.warm(max_sequences, graph_tokens))
+
+    @property
+    def capture_layers(self) -> tuple[int, ...]:
+        """The layers whose outputs ``decode`` leaves in ``hidden`` (a block drafter's features)."""
+        return self._capture_layers
+
+    @capture_layers.setter
+    def capture_layers(self, layers: tuple[int, ...]) -> None:
+        self._capture_layers = tuple(layers)
+        if self.graphs is not None and layers:  # their graphs now, not mid-request
+            with torch.inference_mode():
+                self.graphs.warm(self._capture_layers)
+
+    @property
+    def attention_kernel(self) -> str:
+        """What attention runs for decode and verify rows (the GPU check records it)."""
+        if self.row_attention is not None:
+            return self.row_attention.describe()
+        return "batch-invariant tiles" if self.kernels.invariant else "SDPA over gathered keys with a mask"
+
+    def _kernels(self, exact: bool) -> Kernels:
+        return Kernels(
+            TILE_ROWS.get(self.device.type, 32) if exact else None, row_attention=self.row_attention
+        )
+
+    def _capture_graphs(self) -> None:
+        """Every bucket's graph, captured now (CUDA with the row attention): the shapes the engine uses."""
+        if not self._graph_rows or self.device.type != "cuda" or self.row_attention is None:
+            return
+        self.graphs = GraphRunner(self.model, self.cache, self.kernels, self._graph_rows)
+        with torch.inference_mode():
+            captured = self.graphs.warm()
+        log.info("%d CUDA graphs captured (buckets of up to %d rows)", captured, self.graphs.buckets[-1])
 
     def _prove_invariance(self) -> None:
         result = check_batch_invariance(self)
@@ -155,8 +170,9 @@ class TorchRuntime(ModelRuntime[torch.Tensor]):
             return
         note = f"batch-invariance self-check failed: {result.describe()}; exact mode is off"
         log.warning("%s", note)
-        self.kernels = Kernels(None)
+        self.kernels = self._kernels(exact=False)
         self.info = dataclasses.replace(self.info, exact=False, exactness="off", exactness_note=note)
+        self._capture_graphs()  # the graphs hold the kernels they were captured with
 
     # -- evaluation -------------------------------------------------------------------------------
 
@@ -196,9 +212,12 @@ class TorchRuntime(ModelRuntime[torch.Tensor]):
         self, pieces: list[DecodeChunk]
     ) -> tuple[StepLogits[torch.Tensor], StepLogits[torch.Tensor] | None]:
         """One forward pass over chunks that fit one call: their logits (and hidden rows) per chunk."""
-        padding = None if self.graphs is None or self.capture_layers else self.graphs.padding_for(pieces)
-        if self.graphs is not None and padding is not None:
-            rows, hidden = self.graphs.run(pieces, padding), None
+        padded = None if self.graphs is None else self.graphs.padding_for(pieces)
+        if self.graphs is not None and padded is not None:
+            rows, hidden = self.graphs.run(pieces, padded, self.capture_layers)
+        elif self.row_attention is not None:
+            step = build_row_step(pieces, self.device, scratch_slot=self.cache.scratch_slot)
+            rows, hidden = self.model(step, self.cache, self.kernels, self.capture_layers)
         else:
             step = build_step(
                 pieces,
@@ -330,29 +349,3 @@ def _timing_event() -> Any:
 def _cat(parts: list[list[torch.Tensor]]) -> torch.Tensor:
     """Chunk after chunk, piece after piece, in one tensor."""
     return torch.cat([piece for chunk in parts for piece in chunk])
-
-
-def _check_model(model: Decoder, dtype: torch.dtype, device: torch.device, positions: int) -> None:
-    """A decoder handed in (not loaded here) must match the runtime: a position past its RoPE table would
-    index out of range, on a GPU a device-side assert that poisons the CUDA context."""
-    weight = model.embed_tokens.weight
-    if weight.dtype != dtype or weight.device.type != device.type:
-        raise ModelLoadError(
-            f"the model is {weight.dtype} on {weight.device}; the runtime runs {dtype} on {device}"
-        )
-    if model.rope_cos.shape[0] < positions:
-        raise ModelLoadError(
-            f"the model's RoPE table covers {model.rope_cos.shape[0]} positions, not {positions}"
-        )
-
-
-def _open_vocabulary(path: Path) -> Any:
-    """The tokenizer of a checkpoint directory (Hugging Face ``tokenizers``) or of a GGUF (llama.cpp's,
-    vocabulary only: the same tokens as the llama.cpp runtime gives)."""
-    if path.is_dir():
-        from specserve.backends.torch.hf_vocab import HFVocabulary
-
-        return HFVocabulary(path)
-    from specserve.backends.llama_cpp_vocab import LlamaCppVocabulary
-
-    return LlamaCppVocabulary(path)

@@ -41,6 +41,44 @@ def key_bucket(position: int, max_positions: int) -> int:
     return min(bucket, max_positions)
 
 
+def build_row_step(
+    chunks: Sequence[DecodeChunk], device: torch.device, *, scratch_slot: int, padded_rows: int | None = None
+) -> Step:
+    """The step for the row attention: the chunks' rows back to back, then (``padded_rows``, a CUDA graph's
+    bucket) padding rows at position 0 of the scratch slot, which see only the key they write themselves.
+
+    Example: chunks of 3 and 2 rows padded to 8 → rows 0-2, 3-4, then 3 padding rows; logits of each
+    chunk's last ``num_logits`` rows.
+    """
+    lengths = [len(c.tokens) for c in chunks]
+    rows = sum(lengths) if padded_rows is None else padded_rows
+    if rows < sum(lengths):
+        raise ValueError(f"chunks of {lengths} rows do not fit {padded_rows} rows")
+    inputs = np.zeros((3, rows), np.int64)  # token ids, positions, slots: one host array, one upload
+    inputs[2] = scratch_slot
+    logit_rows: list[int] = []
+    start = 0
+    for chunk, n in zip(chunks, lengths, strict=True):
+        inputs[0, start : start + n] = chunk.tokens
+        inputs[1, start : start + n] = np.arange(chunk.start_pos, chunk.start_pos + n)
+        inputs[2, start : start + n] = chunk.seq_id
+        logit_rows.extend(range(start + n - chunk.num_logits, start + n))
+        start += n
+    staged = torch.from_numpy(np.concatenate([inputs.reshape(-1), np.array(logit_rows, np.int64)]))
+    if device.type == "cuda":
+        staged = staged.pin_memory()  # so the copy below is asynchronous
+    on_device = staged.to(device, non_blocking=True)
+    one = len(chunks) == 1 and padded_rows is None
+    return Step(
+        token_ids=on_device[:rows],
+        positions=on_device[rows : 2 * rows],
+        slots=on_device[2 * rows : 3 * rows],
+        logit_rows=on_device[3 * rows :],
+        only_slot=chunks[0].seq_id if one else None,
+        from_start=one and chunks[0].start_pos == 0,
+    )
+
+
 def build_step(
     chunks: Sequence[DecodeChunk],
     device: torch.device,
