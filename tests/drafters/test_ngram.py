@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from specserve.drafters.base import DraftOption
@@ -176,3 +178,28 @@ def test_begin_resets_and_release_frees_state() -> None:
     assert seq.drafter_state["ngram"].indexed == 0  # type: ignore[attr-defined]
     drafter.release(seq)
     assert "ngram" not in seq.drafter_state
+
+
+def _match_length_one_at_a_time(drafter: NgramDrafter, tokens: list[int], start: int) -> int:
+    """The definition: extend the index's n-gram backwards a token at a time."""
+    length, end = drafter.min_n, len(tokens)
+    while length < drafter.max_match and start - length - 1 >= 0:
+        if tokens[start - length - 1] != tokens[end - length - 1]:
+            break
+        length += 1
+    return length
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_match_length_compared_a_slice_at_a_time_is_the_definitions(seed: int) -> None:
+    rng = random.Random(seed)
+    drafter = NgramDrafter(min_n=rng.choice([1, 2, 3]), max_match=rng.choice([5, 16, 40, 64]))
+    for _ in range(300):
+        period = rng.randrange(1, 30)
+        base = [rng.randrange(4) for _ in range(period)]
+        tokens = (base * 10)[: rng.randrange(2, 200)]
+        if rng.random() < 0.5:  # break the repetition somewhere
+            tokens[rng.randrange(len(tokens))] = 9
+        for start in range(len(tokens) + 1):
+            expected = _match_length_one_at_a_time(drafter, tokens, start)
+            assert drafter._match_length(tokens, start) == expected, (tokens, start)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specserve.verify import PLACEHOLDER_TOKEN_ID, VerifyResult, verify_greedy
+from specserve.request import SamplingParams
+from specserve.verify import PLACEHOLDER_TOKEN_ID, VerifyRequest, VerifyResult, verify_greedy
+from specserve.verify.greedy import accept_greedy_choices, verify_greedy_choices
 
 from .reference import verify_greedy_ref
 
@@ -132,3 +134,38 @@ def test_random_batches_match_the_oracle(vocab: int) -> None:
         padding = np.arange(max_k + 1)[None, :] > result.num_accepted[:, None]
         assert np.all(result.output_token_ids[padding] == P)
         assert result.output_token_ids.dtype == np.int64 and result.num_accepted.dtype == np.int64
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_accepting_from_row_choices_gives_the_padded_batchs_tokens(seed: int) -> None:
+    """The host-integer path a greedy step takes after its one argmax equals the padded-array verifier."""
+    rng = np.random.default_rng(seed)
+    vocab = 6  # small: drafts often equal the choices, so long accepted runs occur
+    for _ in range(200):
+        ks = rng.integers(0, 6, size=rng.integers(1, 6))
+        requests = [
+            VerifyRequest([int(t) for t in rng.integers(0, vocab, size=k)], SamplingParams()) for k in ks
+        ]
+        choices = rng.integers(0, vocab, size=int(ks.sum() + len(ks)))
+        for r, lo in zip(requests, np.cumsum([0, *(ks + 1)])[:-1], strict=False):  # often agree with drafts
+            for j, t in enumerate(r.draft_ids):
+                if rng.random() < 0.7:
+                    choices[lo + j] = t
+        max_k = int(ks.max())
+        drafts = np.full((len(ks), max_k), PLACEHOLDER_TOKEN_ID, dtype=np.int64)
+        padded = np.full((len(ks), max_k + 1), PLACEHOLDER_TOKEN_ID, dtype=np.int64)
+        lo = 0
+        for b, (r, k) in enumerate(zip(requests, ks, strict=True)):
+            drafts[b, :k] = r.draft_ids
+            padded[b, : k + 1] = choices[lo : lo + k + 1]
+            lo += k + 1
+        expected = verify_greedy_choices(drafts, ks.astype(np.int64), padded, vocab)
+        got = accept_greedy_choices(choices.tolist(), requests, vocab)
+        assert got == [expected.tokens(b) for b in range(len(ks))]
+
+
+def test_accepting_from_row_choices_rejects_what_the_batch_verifier_rejects() -> None:
+    with pytest.raises(ValueError, match="3 rows, the requests 4"):
+        accept_greedy_choices([1, 2, 3], [VerifyRequest([1, 2, 3], SamplingParams())], 12)
+    with pytest.raises(ValueError, match="draft token ids"):
+        accept_greedy_choices([1, 2, 3], [VerifyRequest([1, 12], SamplingParams())], 12)

@@ -22,6 +22,7 @@ from specserve.sequence import Sequence
 
 _BUCKET_EDGES = (2, 4, 8, 16)  # match length buckets: <=2, 3-4, 5-8, 9-16, 17+
 _MAX_CANDIDATES = 16  # how many earlier occurrences to extend (latest first)
+_MATCH_SLICE = 16  # tokens compared at once when extending a match backwards
 
 
 def match_bucket(match_len: int) -> str:
@@ -83,13 +84,22 @@ class NgramDrafter(Drafter):
         return DraftOption(min(limit, len(tokens) - best_start), match_bucket(best_len))
 
     def _match_length(self, tokens: list[int], start: int) -> int:
-        """How many tokens before ``start`` equal the tokens before the end (at least min_n by the index)."""
-        length = self.min_n
-        end = len(tokens)
-        while length < self.max_match and start - length - 1 >= 0:
-            if tokens[start - length - 1] != tokens[end - length - 1]:
-                break
-            length += 1
+        """How many tokens before ``start`` equal the tokens before the end (at least min_n by the index),
+        at most ``max_match`` and ``start``. Compared a slice at a time: long copies match in full at 16
+        candidates per step, and a token at a time that was a Python loop of 1,000 turns."""
+        length, end = self.min_n, len(tokens)
+        cap = min(self.max_match, start)
+        while length < cap:
+            step = min(_MATCH_SLICE, cap - length)
+            ours = tokens[start - length - step : start - length]
+            theirs = tokens[end - length - step : end - length]
+            if ours == theirs:
+                length += step
+                continue
+            i = step - 1
+            while ours[i] == theirs[i]:  # the first mismatch going back; there is one
+                i -= 1
+            return length + step - 1 - i
         return length
 
     def propose(self, seqs: Seq[Sequence], num_tokens: Seq[int]) -> list[Proposal]:

@@ -2,7 +2,8 @@
 
 Model computation never runs on the event loop: a single engine thread owns the engine (llama.cpp contexts
 are not thread-safe) and loops ``step()`` while there is work. Requests and aborts reach it through a
-command queue; outputs go back to each request's ``asyncio.Queue`` with ``call_soon_threadsafe``.
+command queue; a step's outputs go back to their requests' ``asyncio.Queue`` with one ``call_soon_threadsafe``
+per event loop (one wake-up per step, whatever the batch), and a request's deadline is one timer of its own.
 Admission control (a bounded waiting queue) happens here, before a request reaches the engine.
 
 This class is the server's one interface to the running engine: requests (``generate``, ``abort``), what is
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import queue
 import threading
@@ -51,6 +53,31 @@ class RequestFailedError(Exception):
     """The engine failed this one request (finish reason ``error``, logged); the others go on."""
 
 
+@dataclass(frozen=True)
+class _Sink:
+    """Where a request's outputs go: its queue, on the event loop that reads it."""
+
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[RequestOutput | BaseException]
+
+    def __call__(self, item: RequestOutput | BaseException) -> None:
+        """One item alone (an error, an abort's end); a step's outputs go together (``_deliver``)."""
+        _deliver(self.loop, [(self.queue, item)])
+
+
+def _deliver(
+    loop: asyncio.AbstractEventLoop, items: list[tuple[asyncio.Queue[RequestOutput | BaseException], Any]]
+) -> None:
+    """Hand items to their queues with one wake-up of their event loop; a closed loop has no reader."""
+    with contextlib.suppress(RuntimeError):  # RuntimeError: the loop is closed, its consumers are gone
+        loop.call_soon_threadsafe(_put_all, items)
+
+
+def _put_all(items: list[tuple[asyncio.Queue[RequestOutput | BaseException], Any]]) -> None:
+    for queue_, item in items:
+        queue_.put_nowait(item)
+
+
 @dataclass
 class _Submit:
     request_id: str
@@ -58,7 +85,7 @@ class _Submit:
     params: SamplingParams
     speculation: SpeculationOptions | None
     cache_salt: str
-    sink: Callable[[RequestOutput | BaseException], None]
+    sink: _Sink
 
 
 @dataclass
@@ -128,27 +155,20 @@ class AsyncEngine:
             self._in_flight += 1
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-
-        def sink(item: RequestOutput | BaseException) -> None:
-            loop.call_soon_threadsafe(outputs.put_nowait, item)
-
-        self._send(_Submit(request_id, prompt_ids, params, speculation, cache_salt, sink))
-        deadline = None if timeout is None else time.monotonic() + timeout
+        self._send(_Submit(request_id, prompt_ids, params, speculation, cache_salt, _Sink(loop, outputs)))
+        # One timer per request, not one per output: a deadline that passes puts its error in the queue.
+        # (A timeout around each get, or wait_for's task of its own, cost the event loop a timer and a
+        # few turns per streamed token.)
+        expiry = None
+        if timeout is not None:
+            error = RequestTimeoutError(f"request exceeded its {timeout:g} s timeout")
+            expiry = loop.call_later(timeout, outputs.put_nowait, error)
         finished = False
         try:
             while True:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise RequestTimeoutError(f"request exceeded its {timeout:g} s timeout")
-                try:
-                    # asyncio.timeout, not wait_for: wait_for runs the get in a task of its own, a few event
-                    # loop turns per streamed token that the decoding threads lose a core to.
-                    async with asyncio.timeout(remaining):
-                        item = await outputs.get()
-                except TimeoutError:
-                    continue
+                item = await outputs.get()
                 if isinstance(item, BaseException):
-                    finished = True
+                    finished = not isinstance(item, RequestTimeoutError)  # a timeout aborts (finally)
                     raise item
                 finished = item.finished
                 if finished and item.seq.finish_reason == "error":
@@ -157,6 +177,8 @@ class AsyncEngine:
                 if finished:
                     return
         finally:
+            if expiry is not None:
+                expiry.cancel()
             if not finished:
                 self.abort(request_id)
 
@@ -254,7 +276,7 @@ class AsyncEngine:
     # -- engine thread ----------------------------------------------------------------------------
 
     def _run(self) -> None:
-        sinks: dict[str, Callable[[RequestOutput | BaseException], None]] = {}
+        sinks: dict[str, _Sink] = {}
         try:
             while True:
                 if not self._engine.has_work() and self._commands.empty():
@@ -271,19 +293,23 @@ class AsyncEngine:
                 elapsed = time.perf_counter() - start
                 for observer in self.step_observers:  # first: a client never sees output before its metrics
                     observer(outputs, elapsed)
+                # One wake-up of each event loop per step, not one per request's output.
+                batches: dict[asyncio.AbstractEventLoop, list[tuple[Any, RequestOutput]]] = {}
                 for out in outputs:
                     sink = sinks.get(out.request_id)
                     if sink is not None:
-                        sink(out)
+                        batches.setdefault(sink.loop, []).append((sink.queue, out))
                     if out.finished:
                         self._done(sinks, out.request_id)
+                for loop, items in batches.items():
+                    _deliver(loop, items)
         except BaseException as exc:  # a dead engine must not leave clients waiting forever
             log.exception("engine thread died")
             self.error = exc
             for sink in sinks.values():
                 sink(EngineDeadError(f"engine failed: {exc}"))
 
-    def _drain(self, sinks: dict[str, Callable[[RequestOutput | BaseException], None]]) -> bool:
+    def _drain(self, sinks: dict[str, _Sink]) -> bool:
         """Apply queued submissions and aborts; False when asked to stop."""
         while True:
             try:
@@ -321,9 +347,7 @@ class AsyncEngine:
                 continue
             sinks[command.request_id] = command.sink
 
-    def _done(
-        self, sinks: dict[str, Callable[[RequestOutput | BaseException], None]], request_id: str
-    ) -> None:
+    def _done(self, sinks: dict[str, _Sink], request_id: str) -> None:
         if sinks.pop(request_id, None) is not None:
             with self._lock:
                 self._in_flight -= 1

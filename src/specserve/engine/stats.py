@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -25,6 +26,18 @@ class EngineStats(AcceptanceCounts):
             self.drafts_by_drafter[name] += 1
             self.draft_tokens_by_drafter[name] += num_draft_tokens
             self.accepted_by_drafter[name] += num_accepted
+
+    def snapshot(self) -> EngineStats:
+        """A copy that later steps do not change (the metrics' last exported values), without deepcopy's
+        walk: a copy each step was 5 % of the engine thread's time at a tiny model's step rate."""
+        return dataclasses.replace(
+            self,
+            accepted_per_position=list(self.accepted_per_position),
+            finished=Counter(self.finished),
+            drafts_by_drafter=Counter(self.drafts_by_drafter),
+            draft_tokens_by_drafter=Counter(self.draft_tokens_by_drafter),
+            accepted_by_drafter=Counter(self.accepted_by_drafter),
+        )
 
     def record_finish(self, seq: Sequence) -> None:
         self.finished[seq.finish_reason or "unknown"] += 1

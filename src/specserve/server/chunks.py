@@ -3,8 +3,9 @@ choice's ``index``, logprobs and tool-call deltas) and its whole non-streamed bo
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from specserve.engine.engine import RequestOutput
@@ -18,6 +19,13 @@ from specserve.server.logprobs_format import (
 )
 from specserve.server.tool_stream import ToolParsing
 from specserve.verify.logprobs import TokenLogprobs
+
+_MARKER = "\ue000text\ue000"  # private-use characters: in no model name or response id
+
+
+def _encoded(payload: dict[str, Any]) -> str:
+    """A chunk as ``server.streaming.sse`` encodes it."""
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -52,6 +60,10 @@ class ChunkFormat:
     tools: ToolParsing | None = None
     n: int = 1
     """Choices per prompt (a completions request may hold several prompts)."""
+    _around: dict[int, tuple[bytes, bytes]] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
+    """Per choice, a text delta's event before and after its text (``delta_event``)."""
 
     def _chunk(
         self, index: int, choice: dict[str, Any], finish_reason: str | None = None, logprobs: Any = None
@@ -112,6 +124,16 @@ class ChunkFormat:
         return self._chunk(
             index, {"delta": {"content": text}} if self.chat else {"text": text}, None, logprobs
         )
+
+    def delta_event(self, index: int, text: str) -> bytes:
+        """``sse(self.delta(index, text))``, byte for byte, without building and encoding the chunk: the
+        encoded chunk around its text is made once per choice (a streamed token's event, every token)."""
+        around = self._around.get(index)
+        if around is None:
+            marker = json.dumps(_MARKER, ensure_ascii=False)
+            head, tail = _encoded(self.delta(index, _MARKER)).split(marker)
+            around = self._around[index] = (b"data: " + head.encode(), tail.encode() + b"\n\n")
+        return around[0] + json.dumps(text, ensure_ascii=False).encode() + around[1]
 
     def tool_delta(self, index: int, calls: list[dict[str, Any]]) -> dict[str, Any]:
         return self._chunk(index, {"delta": {"tool_calls": calls}})

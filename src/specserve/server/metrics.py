@@ -15,7 +15,6 @@ acceptance length = 1 + num_accepted_tokens / num_drafts; acceptance rate = acce
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Callable
 from functools import partial
@@ -212,7 +211,7 @@ class Metrics:
             self.prefix_cache_hits.inc(cstats.hits - prev.hits)
             self.prefix_cache_drops.inc(cstats.host_drops - prev.host_drops)
             self._last_cache = dataclasses.replace(cstats)
-        self._last = copy.deepcopy(stats)
+        self._last = stats.snapshot()
 
     # -- event loop -------------------------------------------------------------------------------
 

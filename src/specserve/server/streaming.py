@@ -101,7 +101,7 @@ def _choice_events(fmt: ChunkFormat, index: int, state: _ChoiceStream, out: Requ
     if text or (out.finished and state.pending):
         offset = len(fmt.prompt.echo(index)) + state.sent
         logprobs = fmt.output_logprobs(state.pending, offset) if state.pending else None
-        events.append(sse(fmt.delta(index, text, logprobs)))
+        events.append(sse(fmt.delta(index, text, logprobs)) if logprobs else fmt.delta_event(index, text))
         state.sent += len(text)
         state.pending = []
     if calls:
@@ -131,16 +131,20 @@ async def stream_events(
             if opening is not None:
                 yield sse(opening)
         while not all(done):
-            try:
-                async with asyncio.timeout(keepalive):  # no task per token (AsyncEngine.generate says why)
-                    index, item = await queue.get()
-            except TimeoutError:
-                yield KEEPALIVE
-                continue
+            if all(state.started for state in states):  # no timer per token once every choice streams
+                index, item = await queue.get()
+            else:
+                try:
+                    async with asyncio.timeout(keepalive):
+                        index, item = await queue.get()
+                except TimeoutError:
+                    yield KEEPALIVE
+                    continue
             if isinstance(item, BaseException):
                 raise item
-            for event in _choice_events(fmt, index, states[index], item):
-                yield event
+            events = _choice_events(fmt, index, states[index], item)
+            if events:  # one send per output (none for one that shows nothing yet: a cut character)
+                yield b"".join(events)
             seqs[index], done[index] = item.seq, item.finished
         if fmt.include_usage:
             yield sse(fmt.usage([s for s in seqs if s is not None]))
@@ -191,23 +195,56 @@ class EventStreamResponse(StreamingResponse):
         self._stall_timeout = stall_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        watch = _SendWatch(self._stall_timeout)
+
         async def bounded_send(message: Message) -> None:
+            if watch.task is None:  # the task that sends (Starlette streams from a task of its own)
+                watch.task = asyncio.current_task()
+            watch.sending_since = watch.loop.time()
             try:
-                async with asyncio.timeout(self._stall_timeout):
-                    await send(message)
-            except TimeoutError:
-                log.warning(
-                    "a streaming client read nothing for %g s; its request is cancelled", self._stall_timeout
-                )
-                raise _StalledClient from None
+                await send(message)
+            except asyncio.CancelledError:
+                if watch.stalled:
+                    raise _StalledClient from None
+                raise
+            finally:
+                watch.sending_since = None
 
         try:
             await super().__call__(scope, receive, bounded_send)
         except _StalledClient:
-            pass  # nothing more can be sent to it; the request is released below
+            log.warning(
+                "a streaming client read nothing for %g s; its request is cancelled", self._stall_timeout
+            )
         finally:
+            watch.stop()
             await self._events.aclose()
             await self._release()
+
+
+class _SendWatch:
+    """One timer per stream, not one per event: every quarter of ``stall_timeout`` it looks whether a send
+    has waited that long (a client that reads nothing) and cancels the sending task if so; that send then
+    raises _StalledClient, as a timeout around each send did."""
+
+    def __init__(self, stall_timeout: float) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.task: asyncio.Task[Any] | None = None
+        self.stall_timeout = stall_timeout
+        self.sending_since: float | None = None
+        self.stalled = False
+        self._timer = self.loop.call_later(stall_timeout / 4, self._check)
+
+    def _check(self) -> None:
+        since = self.sending_since
+        if since is not None and self.loop.time() - since >= self.stall_timeout and self.task is not None:
+            self.stalled = True
+            self.task.cancel()
+            return
+        self._timer = self.loop.call_later(self.stall_timeout / 4, self._check)
+
+    def stop(self) -> None:
+        self._timer.cancel()
 
 
 async def release_request(

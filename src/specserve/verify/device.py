@@ -1,7 +1,10 @@
 """The verifier for logits in a torch tensor, on any device: the whole step in a few batched tensor ops.
 
-Every row of the step gets one *target choice*: the argmax of its raw logits for a greedy request (one argmax
-over the step; greedy rows never build probabilities), or for a sampled request the token drawn from its
+A step of greedy requests only is one argmax over its rows and one transfer of their ids; the drafts are
+accepted on the host (:func:`~specserve.verify.greedy.accept_greedy_choices`): no index tensors are
+uploaded, no kernel runs but the argmax. Otherwise every row of the step gets one *target choice*: the
+argmax of its raw logits for a greedy request (one argmax over the step; greedy rows never build
+probabilities), or for a sampled request the token drawn from its
 filtered distribution with the row's uniform (one filtering pass over all sampled rows, each with its
 request's knobs; one inverse CDF). A draft is accepted when it equals the target choice at its position —
 greedy agreement, and for one-hot drafts the rejection test of verify/rejection.py — or, with
@@ -28,6 +31,7 @@ import torch
 
 from specserve.verify.device_adjust import adjusted_logits
 from specserve.verify.device_sampling import filter_logits_to_probs, greedy_argmax, sample_inverse_cdf
+from specserve.verify.greedy import accept_greedy_choices
 from specserve.verify.types import PLACEHOLDER_TOKEN_ID, VerifyRequest, draft_positions_mask
 
 
@@ -48,6 +52,8 @@ class TorchVerifier:
         rows, vocab = target_logits.shape
         if any(r.adjustment is not None for r in requests):
             target_logits = adjusted_logits(target_logits, requests)
+        if all(r.params.greedy for r in requests):  # the common case: one argmax, one transfer of its ids
+            return accept_greedy_choices(greedy_argmax(target_logits).tolist(), requests, vocab)
         step = StepTensors.build(requests, rows, vocab, target_logits.device)
         if not requests:
             return []

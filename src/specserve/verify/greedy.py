@@ -8,13 +8,20 @@ after the last draft (the *bonus token*). No softmax is computed: output equals 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from specserve.verify.sampling import greedy_argmax
-from specserve.verify.types import PLACEHOLDER_TOKEN_ID, VerifyResult, draft_positions_mask, first_false
+from specserve.verify.types import (
+    PLACEHOLDER_TOKEN_ID,
+    VerifyRequest,
+    VerifyResult,
+    draft_positions_mask,
+    first_false,
+)
 
 
 def verify_greedy(
@@ -59,3 +66,31 @@ def verify_greedy_choices(
     rows = np.arange(batch)
     output_token_ids[rows, num_accepted] = target_choice[rows, num_accepted]  # recovered or bonus token
     return VerifyResult(output_token_ids=output_token_ids, num_accepted=num_accepted)
+
+
+def accept_greedy_choices(
+    choices: list[int],  # [sum of num_rows]: the target's argmax at each row, requests back to back
+    requests: Sequence[VerifyRequest],
+    vocab_size: int,
+) -> list[list[int]]:
+    """The emitted tokens of every request from the step's row choices, on the host in plain integers.
+
+    What a step of greedy requests needs once the argmax is taken (one transfer of ``rows`` ids from a
+    device): per request its drafts up to the first that differs from its row's choice, then that row's
+    choice. Same outcome as :func:`verify_greedy_choices` without padding a batch of arrays for it.
+    """
+    total = sum(r.num_rows for r in requests)
+    if len(choices) != total:
+        raise ValueError(f"target_logits has {len(choices)} rows, the requests {total}")
+    emitted: list[list[int]] = []
+    row = 0
+    for request in requests:
+        drafts = request.draft_ids
+        if drafts and not all(0 <= t < vocab_size for t in drafts):
+            raise ValueError(f"draft token ids must lie in [0, {vocab_size})")
+        n = 0
+        while n < len(drafts) and drafts[n] == choices[row + n]:
+            n += 1
+        emitted.append([*map(int, drafts[:n]), choices[row + n]])
+        row += len(drafts) + 1
+    return emitted

@@ -1,10 +1,11 @@
 """The verifier for logits on the host (numpy): argmax for greedy sequences, per-sequence filtering and
 rejection sampling for sampled ones.
 
-When every sequence of the step is greedy — the common case — they share one pass: the argmax of every
-row of the step at once (otherwise one argmax per greedy sequence), then the longest agreeing prefix of
-each sequence (:func:`~specserve.verify.greedy.verify_greedy_choices` over
-the padded choices, integers only: no logits are copied and no softmax is computed). A sampled sequence
+When every sequence of the step is greedy and unadjusted — the common case — they share one pass: the
+argmax of every row of the step at once, then the longest agreeing prefix of each sequence in plain
+integers (:func:`~specserve.verify.greedy.accept_greedy_choices`: no logits are copied, no softmax is
+computed, no array is padded). Otherwise each greedy sequence takes the argmax of its own (adjusted) rows
+and :func:`~specserve.verify.greedy.verify_greedy_choices` reads the padded choices. A sampled sequence
 has its own temperature, top-k, top-p and min-p, so its rows are filtered on their own and verified by
 :func:`~specserve.verify.rejection.verify_rejection`. A request with a grammar or penalties has a copy of its
 rows adjusted first (verify/adjust.py): greedy takes their argmax, sampling filters them.
@@ -18,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from specserve.verify.adjust import adjust_logits
-from specserve.verify.greedy import verify_greedy_choices
+from specserve.verify.greedy import accept_greedy_choices, verify_greedy_choices
 from specserve.verify.rejection import verify_rejection
 from specserve.verify.sampling import filter_logits_to_probs, greedy_argmax
 from specserve.verify.types import PLACEHOLDER_TOKEN_ID, VerifyRequest
@@ -32,6 +33,10 @@ class HostVerifier:
         target_logits: npt.NDArray[np.float32],  # [sum of num_rows, vocab] float32, requests back to back
         requests: Sequence[VerifyRequest],
     ) -> list[list[int]]:
+        if all(r.params.greedy and r.adjustment is None for r in requests):  # the common case: one argmax
+            return accept_greedy_choices(
+                greedy_argmax(target_logits).tolist(), requests, target_logits.shape[-1]
+            )
         starts = np.cumsum([0, *(r.num_rows for r in requests)])
         if target_logits.shape[0] != starts[-1]:
             raise ValueError(f"target_logits has {target_logits.shape[0]} rows, the requests {starts[-1]}")
