@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specserve.server.chunks import ChunkFormat
-from specserve.server.streaming import sse
+from specserve.server.chunks import ChunkFormat, sse
 
 TEXTS = [
     "",

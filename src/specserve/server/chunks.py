@@ -23,9 +23,10 @@ from specserve.verify.logprobs import TokenLogprobs
 _MARKER = "\ue000text\ue000"  # private-use characters: in no model name or response id
 
 
-def _encoded(payload: dict[str, Any]) -> str:
-    """A chunk as ``server.streaming.sse`` encodes it."""
-    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+def sse(payload: dict[str, Any], ascii_only: bool = False) -> bytes:
+    """One server-sent event of a chunk."""
+    text = json.dumps(payload, ensure_ascii=ascii_only, separators=(",", ":"))
+    return b"data: " + text.encode() + b"\n\n"
 
 
 @dataclass(frozen=True)
@@ -130,9 +131,10 @@ class ChunkFormat:
         encoded chunk around its text is made once per choice (a streamed token's event, every token)."""
         around = self._around.get(index)
         if around is None:
-            marker = json.dumps(_MARKER, ensure_ascii=False)
-            head, tail = _encoded(self.delta(index, _MARKER)).split(marker)
-            around = self._around[index] = (b"data: " + head.encode(), tail.encode() + b"\n\n")
+            head, tail = sse(self.delta(index, _MARKER)).split(
+                json.dumps(_MARKER, ensure_ascii=False).encode()
+            )
+            around = self._around[index] = (head, tail)
         return around[0] + json.dumps(text, ensure_ascii=False).encode() + around[1]
 
     def tool_delta(self, index: int, calls: list[dict[str, Any]]) -> dict[str, Any]:

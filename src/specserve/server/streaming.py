@@ -17,7 +17,6 @@ watches for the disconnect itself (:func:`collect`) and aborts.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from starlette.types import Message, Receive, Scope, Send
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine import RequestOutput
 from specserve.sequence import Sequence
-from specserve.server.chunks import ChunkFormat
+from specserve.server.chunks import ChunkFormat, sse
 from specserve.server.errors import APIError, from_engine_error, internal_error
 from specserve.server.middleware import note_stream_error
 from specserve.server.tool_calls import StreamingToolParser
@@ -40,11 +39,6 @@ from specserve.verify.logprobs import TokenLogprobs
 log = logging.getLogger("specserve.server")
 
 DONE = b"data: [DONE]\n\n"
-
-
-def sse(payload: dict[str, Any], ascii_only: bool = False) -> bytes:
-    text = json.dumps(payload, ensure_ascii=ascii_only, separators=(",", ":"))
-    return b"data: " + text.encode() + b"\n\n"
 
 
 KEEPALIVE = b": waiting\n\n"  # an SSE comment: clients ignore it, connections see traffic
