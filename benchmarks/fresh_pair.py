@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specserve.config import ENGINE_GROUPS
-from specserve.sequence import SpeculationOptions
+from specserve.sequence import SpeculationOptions, decode_timings
 
 WARM_UP_TOKENS = 8
 
@@ -67,7 +67,7 @@ def decode(engine: Any, request_id: str, prompt_ids: list[int], params: Any, pla
     return {
         "token_ids": list(seq.output_ids),
         "speculative": seq.stats.as_dict(),
-        "timings": seq.timings(start, time.perf_counter()),
+        "timings": decode_timings(seq.first_token_time, len(seq.output_ids), start, time.perf_counter()),
         "steps": steps,
     }
 

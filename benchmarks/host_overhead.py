@@ -2,7 +2,7 @@
 
     .venv/bin/python -m benchmarks.host_overhead [--llama-server BIN] [--sections steps,streams]
         [--batches 1 8 32] [--draft-tokens 0 8] [--streams 1 8] [--tokens 256] [--repeats 5]
-        [--output-dir DIR]
+        [--thread-mode] [--baseline-src CHECKOUT/src] [--output-dir DIR]
 
 ``steps``: µs of host time per engine step (benchmarks/host_steps.py), phase by phase, at each batch size,
 plain and with all-accepted n-gram drafts, on the null runtime (151,936-wide fixed logits, numpy and a torch
@@ -99,6 +99,14 @@ def stream_rows(args: argparse.Namespace, model: Path, out: Path) -> list[dict[s
     slots = max(args.streams)
     servers = [host_stream.specserve_server(model, slots, out / "specserve.log")]
     try:
+        if args.thread_mode:
+            log = out / "specserve-thread.log"
+            servers.append(
+                host_stream.specserve_server(model, slots, log, "specserve-thread", ("--no-engine-process",))
+            )
+        if args.baseline_src:
+            log, src = out / "baseline.log", Path(args.baseline_src)
+            servers.append(host_stream.specserve_server(model, slots, log, "baseline", src=src))
         if args.llama_server:
             binary = Path(args.llama_server)
             servers.append(host_stream.llama_server(binary, model, slots, 4096, out / "llama-server.log"))
@@ -149,6 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5, help="Rounds of the streams (the median is kept).")
     parser.add_argument("--llama-server", default=None, help="Stock llama-server binary to stream beside.")
+    parser.add_argument(
+        "--thread-mode", action="store_true", help="Also stream specserve with the engine on a thread."
+    )
+    parser.add_argument(
+        "--baseline-src", default=None, help="Another checkout's src/ to stream as 'baseline' (before/after)."
+    )
     parser.add_argument("--output-dir", default="bench-out")
     args = parser.parse_args(argv)
     out = Path(args.output_dir)

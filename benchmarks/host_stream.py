@@ -5,8 +5,13 @@ specserve's server and stock llama-server are started on the same GGUF with one 
 as streams, one after the other; each gets a warm-up request, then ``streams`` concurrent greedy
 ``/v1/completions`` streams of ``tokens`` tokens each (end of text ignored, plain decoding). Tokens are the
 usage chunk's ``completion_tokens``. CPU per thread is read from ``/proc/PID/task/TID/schedstat``
-(nanoseconds) around the streams: for specserve, the event loop (the main thread) and the engine thread
-(the busiest other one; llama.cpp with one thread computes on it).
+(nanoseconds) around the streams, over the server and its child processes: for specserve, the event loop
+(the API process's main thread) and the engine (the busiest thread of the engine process, or of the API
+process when the engine runs on a thread there; llama.cpp with one thread computes on it).
+
+specserve runs as ``specserve`` (the engine core in its own process, the default), ``specserve-thread``
+(``--no-engine-process``) and, given a checkout's ``src`` directory, ``baseline`` (that code, run from the
+same virtual environment with ``PYTHONPATH``): before and after in one run.
 """
 
 from __future__ import annotations
@@ -49,9 +54,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start(name: str, command: list[str], port: int, log: Path, ready_path: str) -> Server:
+def start(
+    name: str, command: list[str], port: int, log: Path, ready_path: str, env: dict[str, str] | None = None
+) -> Server:
     with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     server = Server(name, process, f"http://127.0.0.1:{port}", log)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -67,19 +74,21 @@ def start(name: str, command: list[str], port: int, log: Path, ready_path: str) 
     raise RuntimeError(f"{name} not ready in 300 s; see {log}")
 
 
-def specserve_server(model: Path, slots: int, log: Path) -> Server:
+def specserve_server(
+    model: Path,
+    slots: int,
+    log: Path,
+    name: str = "specserve",
+    extra: tuple[str, ...] = (),
+    src: Path | None = None,
+) -> Server:
+    """``specserve serve`` on the tiny GGUF (``src``: another checkout's package, for a before/after)."""
     port = free_port()
-    command = [
-        str(Path(sys.executable).parent / "specserve"),
-        "serve",
-        "--target",
-        str(model),
-        "--draft",
-        "none",
-    ]
+    command = [sys.executable, "-m", "specserve.cli", "serve", "--target", str(model), "--draft", "none"]
     command += ["--drafter", "none", "--threads", "1", "--max-running", str(slots), "--port", str(port)]
-    command += ["--no-prefix-cache", "--log-level", "warning"]
-    return start("specserve", command, port, log, "/ready")
+    command += ["--no-prefix-cache", "--log-level", "warning", *extra]
+    env = None if src is None else {**os.environ, "PYTHONPATH": str(src)}
+    return start(name, command, port, log, "/ready", env)
 
 
 def llama_server(binary: Path, model: Path, slots: int, context: int, log: Path) -> Server:
@@ -89,14 +98,27 @@ def llama_server(binary: Path, model: Path, slots: int, context: int, log: Path)
     return start("llama-server", command, port, log, "/health")
 
 
-def thread_cpu_seconds(pid: int) -> dict[int, float]:
-    """CPU seconds so far of each thread of ``pid`` by thread id (``pid`` itself: the main thread)."""
-    out: dict[int, float] = {}
+def children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (the engine process of a specserve server)."""
+    found: list[int] = []
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            out[int(tid)] = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0]) / 1e9
-        except OSError:  # the thread ended
+            found += [int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+        except OSError:
             continue
+    return found
+
+
+def thread_cpu_seconds(pid: int) -> dict[tuple[int, int], float]:
+    """CPU seconds so far of each thread of ``pid`` and of its children, by (process, thread id)."""
+    out: dict[tuple[int, int], float] = {}
+    for process in (pid, *children(pid)):
+        for tid in os.listdir(f"/proc/{process}/task"):
+            try:
+                stat = Path(f"/proc/{process}/task/{tid}/schedstat").read_text()
+            except OSError:  # the thread ended
+                continue
+            out[(process, int(tid))] = int(stat.split()[0]) / 1e9
     return out
 
 
@@ -144,8 +166,9 @@ def measure(server: Server, model: str, streams: int, tokens: int) -> dict[str, 
         "tokens_per_s": round(total / seconds, 1),
         "process_cpu_us_per_token": round(sum(cpu.values()), 1),
     }
-    if server.name == "specserve":  # Python 3.11 names no OS thread: the engine's is the busiest other one
+    if server.name != "llama-server":  # Python 3.11 names no OS thread: the engine's is the busiest other one
         pid = server.process.pid
-        row["event_loop_cpu_us_per_token"] = round(cpu.get(pid, 0.0), 1)
-        row["engine_cpu_us_per_token"] = round(max((v for k, v in cpu.items() if k != pid), default=0.0), 1)
+        loop = (pid, pid)
+        row["event_loop_cpu_us_per_token"] = round(cpu.get(loop, 0.0), 1)
+        row["engine_cpu_us_per_token"] = round(max((v for k, v in cpu.items() if k != loop), default=0.0), 1)
     return row

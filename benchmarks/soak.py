@@ -35,13 +35,23 @@ HOST_TIER_METRIC = 'specserve:prefix_cache_bytes{tier="host"}'
 
 
 def proc_sample(pid: int) -> dict[str, int]:
-    status = Path(f"/proc/{pid}/status").read_text()
-    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-    return {
-        "rss_kib": int(fields["VmRSS"].split()[0]),
-        "threads": int(fields["Threads"]),
-        "fds": len(os.listdir(f"/proc/{pid}/fd")),
-    }
+    """Resident KiB, threads and file descriptors of the server and its engine process, summed."""
+    total = {"rss_kib": 0, "threads": 0, "fds": 0}
+    children = [int(c) for t in os.listdir(f"/proc/{pid}/task") for c in _children(pid, t)]
+    for process in (pid, *children):
+        status = Path(f"/proc/{process}/status").read_text()
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        total["rss_kib"] += int(fields["VmRSS"].split()[0])
+        total["threads"] += int(fields["Threads"])
+        total["fds"] += len(os.listdir(f"/proc/{process}/fd"))
+    return total
+
+
+def _children(pid: int, task: str) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/task/{task}/children").read_text().split()
+    except OSError:
+        return []
 
 
 async def sample(client: httpx.AsyncClient, url: str, pid: int, started: float) -> dict[str, Any]:
@@ -51,9 +61,10 @@ async def sample(client: httpx.AsyncClient, url: str, pid: int, started: float) 
     return {
         "t": round(time.monotonic() - started, 1),
         **proc_sample(pid),
-        "heap_bytes": heap.get("traced_bytes"),
+        # the API process's and the engine process's (the prefix cache's host tier is the engine's)
+        "heap_bytes": heap.get("traced_bytes", 0) + heap.get("engine", {}).get("traced_bytes", 0),
         "host_tier_bytes": int(host),
-        "top_heap_sites": heap.get("top", [])[:5],
+        "top_heap_sites": heap.get("top", [])[:5] + heap.get("engine", {}).get("top", [])[:5],
     }
 
 

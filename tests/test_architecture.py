@@ -22,9 +22,10 @@ PACKAGE = Path(specserve.__file__).parent
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),  # the base class of user mistakes
     ("config", "request", "logging", "models"),  # settings, sampling, model files
-    # a request's state; the runtimes; the settings' docs and where settings come from
-    ("sequence", "backends", "config_docs", "config_sources"),
+    # the runtimes; the settings' docs and where settings come from
+    ("backends", "config_docs", "config_sources"),
     ("verify", "chat", "structured"),  # pure verifiers over arrays; prompts through a chat template; grammars
+    ("sequence",),  # one request inside the engine: tokens, KV accounting, grammar state, counters
     ("drafters",),  # ways of guessing tokens
     ("engine",),  # the step, the scheduler, the draft policy, the prefix cache, the builder
     ("server",),  # the OpenAI HTTP API over one engine
@@ -144,7 +145,7 @@ def test_the_checks_catch_what_they_forbid() -> None:
         "specserve.engine.engine": {"specserve.engine.builder", "specserve.drafters.ngram"},
         "specserve.engine.builder": {"specserve.engine.engine"},
     }
-    assert upward_imports(graph) == ["specserve.drafters.ngram -> specserve.engine.engine (layer 4 -> 5)"]
+    assert upward_imports(graph) == ["specserve.drafters.ngram -> specserve.engine.engine (layer 5 -> 6)"]
     cycle = {"specserve.engine.builder", "specserve.engine.engine"}
     assert any(set(found) == cycle for found in import_cycles(graph))
 

@@ -163,13 +163,15 @@ def _sampling(args: argparse.Namespace) -> Any:
 def _generate(args: argparse.Namespace) -> int:
     from specserve.chat import chat_prompt_ids
     from specserve.engine.builder import build_engine
+    from specserve.engine.offline import OfflineEngine
 
     params = _sampling(args)  # validate before loading anything
     settings: Settings = load_settings(args, config_file=args.config)
     settings = _with_single_sequence(settings)
-    engine, report = build_engine(settings)
+    built, report = build_engine(settings)
+    engine = OfflineEngine(built)
     try:
-        runtime = engine.target
+        runtime = built.target
         if args.chat:
             messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
                 {"role": "user", "content": args.prompt}
@@ -179,7 +181,7 @@ def _generate(args: argparse.Namespace) -> int:
             prompt_ids = runtime.tokenize(args.prompt)
         start = time.perf_counter()
         try:
-            seq = engine.add_request("cli-0", prompt_ids, params)
+            request = engine.add_request("cli-0", prompt_ids, params)
         except ValueError as exc:  # the prompt does not fit the context
             raise CliError(str(exc)) from None
         while engine.has_work():
@@ -190,25 +192,25 @@ def _generate(args: argparse.Namespace) -> int:
         end = time.perf_counter()
     finally:
         engine.close()
-    timings = seq.timings(start, end)
+    timings = request.timings(start, end)
     tokens_per_second = timings["tokens_per_second"]
     result = {
-        "text": seq.text,
-        "token_ids": seq.output_ids,
-        "finish_reason": seq.finish_reason,
-        "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(seq.output_ids)},
-        "speculative": seq.stats.as_dict(),
+        "text": request.text,
+        "token_ids": request.output_ids,
+        "finish_reason": request.finish_reason,
+        "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(request.output_ids)},
+        "speculative": request.stats.as_dict(),
         "timings": timings,
-        "engine": {"drafters": report.drafters, "notes": report.notes, "costs_ms": engine.costs.as_dict()},
+        "engine": {"drafters": report.drafters, "notes": report.notes, "costs_ms": built.costs.as_dict()},
     }
     if args.json:
         print(json.dumps(result, ensure_ascii=False))
     else:
         print()
-        stats = seq.stats
+        stats = request.stats
         print(
-            f"[{len(seq.output_ids)} tokens, {tokens_per_second} tok/s, "
-            f"finish={seq.finish_reason}, drafts={stats.num_drafts}, "
+            f"[{len(request.output_ids)} tokens, {tokens_per_second} tok/s, "
+            f"finish={request.finish_reason}, drafts={stats.num_drafts}, "
             f"accepted {stats.num_accepted_tokens}/{stats.num_draft_tokens}, "
             f"mean acceptance length {stats.mean_acceptance_length:.2f}]",
             file=sys.stderr,

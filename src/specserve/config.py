@@ -162,6 +162,11 @@ class Settings:
     served_model_name: str | None = _server(
         None, "Model id reported by /v1/models and accepted in requests (default: the target's name)."
     )
+    engine_process: bool = _server(
+        True,
+        "Run the engine core in a process of its own, beside the API server's (one message per step between "
+        "them; detokenizing and streaming never hold up a step); off: on a thread of the server's process.",
+    )
     max_waiting: int = _server(64, "Requests allowed to wait for a free sequence slot; more get 429.")
     request_timeout: float = _server(600.0, "Seconds a request may take before it is aborted (0 = none).")
     max_request_bytes: int = _server(1_000_000, "Largest accepted request body, in bytes.")

@@ -14,9 +14,16 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from specserve.request import PositionalUniforms, SamplingParams
+from specserve.structured.grammar import GrammarState
+from specserve.verify.logprobs import PromptLogprob
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+"""``stop``: an end-of-generation or stop token, a grammar's end, or a stop string; ``length``: ``max_tokens``
+or the context; ``abort``: the client went away or its deadline passed; ``error``: the engine failed this
+request alone."""
 
 
 class SequenceStatus(enum.Enum):
@@ -105,8 +112,6 @@ class Sequence:
     uniforms: PositionalUniforms
     speculation: SpeculationOptions = field(default_factory=SpeculationOptions)
     output_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    """Output text so far (cut before a stop string)."""
     status: SequenceStatus = SequenceStatus.WAITING
     slot: int = -1
     num_computed: int = 0
@@ -114,15 +119,13 @@ class Sequence:
     """Prefix-cache namespace: requests reuse each other's KV only if their salts are equal."""
     cached_tokens: int = 0
     """Prompt tokens whose KV came from the prefix cache (OpenAI's usage.prompt_tokens_details)."""
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     stats: SpecStats = field(default_factory=SpecStats)
     drafter_state: dict[str, object] = field(default_factory=dict)
-    grammar: object | None = None
-    """The request's grammar state (``structured.grammar.GrammarState``) when its output is constrained."""
-    logprobs: list[object] = field(default_factory=list)
-    """Per emitted token, its log-probabilities (``verify.logprobs.TokenLogprobs``) when they were asked."""
-    prompt_logprobs: list[object] = field(default_factory=list)
-    """Per prompt token, ``engine.prompt_logprobs.PromptLogprob`` (None for the first), when asked."""
+    grammar: GrammarState | None = None
+    """The request's grammar state when its output is constrained (its masks shape the verify rows)."""
+    prompt_logprobs: list[PromptLogprob | None] = field(default_factory=list)
+    """Per prompt token, its logprobs (None for the first), when asked."""
     arrival_time: float = field(default_factory=time.perf_counter)
     scheduled_time: float | None = None
     """When the sequence got a KV slot (queue time = scheduled_time - arrival_time)."""
@@ -148,20 +151,23 @@ class Sequence:
     def finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
-    def finish(self, reason: str) -> None:
+    def finish(self, reason: FinishReason) -> None:
         assert self.status is not SequenceStatus.FINISHED, "a sequence finishes once"
         self.status = SequenceStatus.FINISHED
         self.finish_reason = reason
         self.finish_time = time.perf_counter()
 
-    def timings(self, start: float, end: float) -> dict[str, float]:
-        """What ``specserve generate --json`` reports of a request added at ``start`` and done at ``end``
-        (``time.perf_counter``): prompt ms (to the first token), decode ms and decode tokens/s (the first
-        token excluded)."""
-        prefill_end = self.first_token_time or end
-        generate_s = max(end - prefill_end, 1e-9)
-        return {
-            "prompt_ms": round((prefill_end - start) * 1000, 2),
-            "generate_ms": round(generate_s * 1000, 2),
-            "tokens_per_second": round(max(len(self.output_ids) - 1, 0) / generate_s, 3),
-        }
+
+def decode_timings(
+    first_token_time: float | None, num_output: int, start: float, end: float
+) -> dict[str, float]:
+    """What ``specserve generate --json`` reports of a request added at ``start`` and done at ``end``
+    (``time.perf_counter``): prompt ms (to the first token), decode ms and decode tokens/s (the first token
+    excluded)."""
+    prefill_end = first_token_time or end
+    generate_s = max(end - prefill_end, 1e-9)
+    return {
+        "prompt_ms": round((prefill_end - start) * 1000, 2),
+        "generate_ms": round(generate_s * 1000, 2),
+        "tokens_per_second": round(max(num_output - 1, 0) / generate_s, 3),
+    }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 from specserve.server.metrics import Metrics
@@ -24,7 +25,7 @@ def test_metric_names_file() -> None:
 
 
 def test_the_server_exports_every_listed_metric_as_listed() -> None:
-    body, _ = Metrics().render()
+    body, _ = asyncio.run(Metrics().scrape())
     text = body.decode()
     types = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
     samples: dict[str, set[frozenset[str]]] = {}

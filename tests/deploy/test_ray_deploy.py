@@ -225,7 +225,7 @@ def test_serve_config_builds_the_application(monkeypatch: pytest.MonkeyPatch) ->
 
     # Models load in the replicas' constructors, on the cluster; building only describes the deployments.
     monkeypatch.setattr(front_module, "LlamaCppVocabulary", no_models)
-    monkeypatch.setattr(replica_module, "build_engine", no_models)
+    monkeypatch.setattr(replica_module, "create_app", no_models)
     had_llama = "llama_cpp" in sys.modules
     config = serve_config()
     settings = config_settings()

@@ -12,6 +12,7 @@ import pytest
 from specserve.backends.llama_cpp import LlamaCppRuntime
 from specserve.engine.async_engine import AsyncEngine, RequestTimeoutError
 from specserve.engine.builder import flat_costs
+from specserve.engine.core_thread import ThreadCore
 from specserve.engine.cost_model import CostModel
 from specserve.engine.draft_policy import FixedLengthPolicy
 from specserve.engine.engine import SpeculativeEngine
@@ -26,7 +27,7 @@ PROMPTS = ["def add(a, b):", "class Point:", "import os\nimport sys", "for i in 
 def engine(tiny_models: TinyModels) -> Iterator[AsyncEngine]:
     target = LlamaCppRuntime(tiny_models.target, context_per_sequence=4096, max_sequences=4, n_threads=1)
     core = SpeculativeEngine(target, {}, FixedLengthPolicy(), CostModel(flat_costs()), EngineOptions((), 0))
-    running = AsyncEngine(core)
+    running = AsyncEngine(ThreadCore(core), core.target, core.grammars)
     yield running
     running.close()
 

@@ -23,7 +23,9 @@ from specserve.drafters.suffix import SuffixDrafter
 from specserve.engine.cost_model import CostModel, StepCostTable
 from specserve.engine.draft_policy import FixedLengthPolicy
 from specserve.engine.engine import SpeculativeEngine
+from specserve.engine.offline import OfflineEngine
 from specserve.engine.options import EngineOptions
+from specserve.engine.output_processor import RequestState
 from specserve.request import GrammarSpec, SamplingParams
 from specserve.sequence import Sequence, SpeculationOptions
 from specserve.verify.logprobs import TokenLogprobs
@@ -52,8 +54,12 @@ SCHEMA = {
 }
 
 
-def _run(models: TinyModels, params: SamplingParams, drafter: str) -> Sequence:
-    """One request on a fresh engine (exact mode, fixed 4-token drafts, n-gram and close draft model)."""
+def _run(
+    models: TinyModels, params: SamplingParams, drafter: str, logprobs: list[TokenLogprobs] | None = None
+) -> RequestState:
+    """One request on a fresh engine (exact mode, fixed 4-token drafts, n-gram and close draft model);
+    its outputs' logprobs go to ``logprobs``."""
+    logprobs = [] if logprobs is None else logprobs
 
     def runtime(path: Path) -> LlamaCppRuntime:
         return LlamaCppRuntime(path, context_per_sequence=512, max_sequences=2, n_threads=1)
@@ -67,11 +73,13 @@ def _run(models: TinyModels, params: SamplingParams, drafter: str) -> Sequence:
     options = EngineOptions(tuple(drafters), 4)
     engine = SpeculativeEngine(runtime(models.target), drafters, FixedLengthPolicy(), costs, options)
     try:
+        offline = OfflineEngine(engine)
         ids = engine.target.tokenize(PROMPT)
-        seq = engine.add_request("r0", ids, params, SpeculationOptions(drafter=drafter))
-        while engine.has_work():
-            engine.step()
-        return seq
+        request = offline.add_request("r0", ids, params, SpeculationOptions(drafter=drafter))
+        while offline.has_work():
+            for out in offline.step():
+                logprobs.extend(out.new_logprobs)
+        return request
     finally:
         engine.close()
 
@@ -138,13 +146,15 @@ def test_other_grammar_kinds(tiny_models: TinyModels, kind: str, text: str, chec
 
 def test_logprobs_do_not_depend_on_speculation(tiny_models: TinyModels) -> None:
     params = SamplingParams(max_tokens=40, ignore_eos=True, logprobs=3)
-    plain = _run(tiny_models, params, "none")
-    assert len(plain.logprobs) == len(plain.output_ids)
+    plain_logprobs: list[TokenLogprobs] = []
+    plain = _run(tiny_models, params, "none", plain_logprobs)
+    assert len(plain_logprobs) == len(plain.output_ids)
     for drafter in ("ngram", "suffix", "draft-model"):
-        spec = _run(tiny_models, params, drafter)
+        spec_logprobs: list[TokenLogprobs] = []
+        spec = _run(tiny_models, params, drafter, spec_logprobs)
         assert spec.output_ids == plain.output_ids
-        assert spec.logprobs == plain.logprobs, drafter
-    first = plain.logprobs[0]
+        assert spec_logprobs == plain_logprobs, drafter
+    first = plain_logprobs[0]
     assert isinstance(first, TokenLogprobs)
     assert first.token_id == plain.output_ids[0] and first.top[0][0] == first.token_id  # greedy: the top one
     assert len(first.top) == 3 and first.top[0][1] >= first.top[1][1] >= first.top[2][1]

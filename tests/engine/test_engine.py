@@ -25,9 +25,11 @@ from specserve.engine.cost_model import CostModel, StepCostTable, calibrate
 from specserve.engine.cost_policy import CostAwarePolicy
 from specserve.engine.draft_policy import DraftLengthPolicy, FixedLengthPolicy
 from specserve.engine.engine import SpeculativeEngine
+from specserve.engine.offline import OfflineEngine
 from specserve.engine.options import EngineOptions
+from specserve.engine.output_processor import RequestState
 from specserve.request import SamplingParams
-from specserve.sequence import Sequence, SpeculationOptions
+from specserve.sequence import SpeculationOptions
 from specserve.verify import VerifyRequest
 from specserve.verify.host import HostVerifier
 from support.distribution import assert_follows, exact_pairs
@@ -70,19 +72,20 @@ def make_engine(
 
 def run_all(
     engine: SpeculativeEngine, requests: list[tuple[str, SamplingParams, str | None]]
-) -> list[Sequence]:
-    seqs = []
+) -> list[RequestState]:
+    """The requests' outputs as a client gets them (text and stop strings by the output processor)."""
+    offline = OfflineEngine(engine)
+    states = []
     for i, (prompt, params, drafter) in enumerate(requests):
         ids = engine.target.tokenize(prompt)
-        seqs.append(engine.add_request(f"r{i}", ids, params, SpeculationOptions(drafter=drafter)))
-    while engine.has_work():
-        engine.step()
-    return seqs
+        states.append(offline.add_request(f"r{i}", ids, params, SpeculationOptions(drafter=drafter)))
+    offline.run()
+    return states
 
 
 def generate(
     models: TinyModels, params: SamplingParams, drafter: str | None = "none", **kw: object
-) -> Sequence:
+) -> RequestState:
     with make_engine(models, **kw) as engine:  # type: ignore[arg-type]
         return run_all(engine, [(PROMPT, params, drafter)])[0]
 
@@ -91,14 +94,14 @@ GREEDY = SamplingParams(max_tokens=48)
 
 
 @pytest.fixture(scope="module")
-def plain_greedy(tiny_models: TinyModels) -> Sequence:
+def plain_greedy(tiny_models: TinyModels) -> RequestState:
     return generate(tiny_models, GREEDY)
 
 
 @pytest.mark.parametrize("k", [1, 3, 8, 16])
 @pytest.mark.parametrize("which", ["draft", "draft_close", "target"])
 def test_greedy_draft_model_equals_plain(
-    tiny_models: TinyModels, plain_greedy: Sequence, which: str, k: int
+    tiny_models: TinyModels, plain_greedy: RequestState, which: str, k: int
 ) -> None:
     seq = generate(tiny_models, GREEDY, "draft-model", draft=getattr(tiny_models, which), k=k)
     assert seq.output_ids == plain_greedy.output_ids
@@ -114,7 +117,7 @@ def test_self_draft_accepts_everything(tiny_models: TinyModels) -> None:
         assert seq.stats.acceptance_rate >= 0.98
 
 
-def test_partial_acceptance_rolls_back_exactly(tiny_models: TinyModels, plain_greedy: Sequence) -> None:
+def test_partial_acceptance_rolls_back_exactly(tiny_models: TinyModels, plain_greedy: RequestState) -> None:
     seq = generate(tiny_models, GREEDY, "draft-model", draft=tiny_models.draft_close, k=8)
     assert seq.output_ids == plain_greedy.output_ids
     assert 0 < seq.stats.num_accepted_tokens < seq.stats.num_draft_tokens  # some drafts were rolled back
@@ -133,7 +136,7 @@ def test_ngram_greedy_equals_plain_with_copyable_output(tiny_models: TinyModels)
 
 @pytest.mark.parametrize("k", [1, 4, 16])
 def test_suffix_greedy_equals_plain_and_drafts_from_earlier_outputs(
-    tiny_models: TinyModels, plain_greedy: Sequence, k: int
+    tiny_models: TinyModels, plain_greedy: RequestState, k: int
 ) -> None:
     """The same request three times (an agent re-running a task): the suffix drafter copies the earlier
     outputs, and every run equals plain decoding token for token."""
@@ -171,7 +174,7 @@ def test_suffix_sampled_output_follows_the_target_distribution(tiny_models: Tiny
     assert_follows(counts, expected, n, max_tv=0.04)
 
 
-def test_batched_sequences_match_solo_runs(tiny_models: TinyModels, plain_greedy: Sequence) -> None:
+def test_batched_sequences_match_solo_runs(tiny_models: TinyModels, plain_greedy: RequestState) -> None:
     prompts = [PROMPT, "import numpy as np\n", "class Foo:\n    def __init__(self):"]
     solo = [generate(tiny_models, GREEDY, "none").output_ids]
     with make_engine(tiny_models) as engine:
@@ -206,7 +209,7 @@ def test_draft_model_sampling_is_deterministic_for_a_seed(tiny_models: TinyModel
     assert a.output_ids == b.output_ids and a.stats.num_drafts > 0
 
 
-def test_stop_string_inside_accepted_run(tiny_models: TinyModels, plain_greedy: Sequence) -> None:
+def test_stop_string_inside_accepted_run(tiny_models: TinyModels, plain_greedy: RequestState) -> None:
     text = plain_greedy.text
     stop = text[len(text) // 2 : len(text) // 2 + 3]
     assert stop.strip(), "pick a visible stop string"
@@ -230,7 +233,7 @@ def test_max_tokens_and_context_limit_stop_where_plain_stops(tiny_models: TinyMo
     long_params = SamplingParams(max_tokens=500)
     plain = generate(tiny_models, long_params, context=96)
     spec = generate(tiny_models, long_params, "draft-model", draft=tiny_models.target, k=16, context=96)
-    assert len(plain.tokens) == 96 and spec.output_ids == plain.output_ids
+    assert len(plain.prompt_ids) + len(plain.output_ids) == 96 and spec.output_ids == plain.output_ids
     assert spec.finish_reason == plain.finish_reason == "length"
 
 
@@ -244,7 +247,9 @@ def test_prompt_too_long_or_empty_is_rejected(tiny_models: TinyModels) -> None:
             engine.add_request("z", [1, 2], GREEDY, SpeculationOptions(drafter="nope"))
 
 
-def test_abort_frees_the_slot_and_others_continue(tiny_models: TinyModels, plain_greedy: Sequence) -> None:
+def test_abort_frees_the_slot_and_others_continue(
+    tiny_models: TinyModels, plain_greedy: RequestState
+) -> None:
     with make_engine(tiny_models, draft=tiny_models.draft_close) as engine:
         ids = engine.target.tokenize(PROMPT)
         keep = engine.add_request("keep", ids, GREEDY, SpeculationOptions(drafter="draft-model"))
@@ -260,7 +265,7 @@ def test_abort_frees_the_slot_and_others_continue(tiny_models: TinyModels, plain
 
 
 def test_a_request_that_fails_in_the_engine_fails_alone(
-    tiny_models: TinyModels, plain_greedy: Sequence
+    tiny_models: TinyModels, plain_greedy: RequestState
 ) -> None:
     """The batched verifier fails on a step that holds the bad request: the engine verifies each sequence
     alone, so only that request ends (``error``, its KV freed) and the other's output is unchanged."""
@@ -283,12 +288,14 @@ def test_a_request_that_fails_in_the_engine_fails_alone(
         outputs = []
         while engine.has_work():
             outputs += engine.step()
-        assert bad.finish_reason == "error" and any(o.seq is bad and o.finished for o in outputs)
+        assert bad.finish_reason == "error" and any(o.request_id == "bad" and o.finished for o in outputs)
         assert good.output_ids == plain_greedy.output_ids
         assert engine.scheduler.num_free_slots == engine.target.info.max_sequences
 
 
-def test_failing_drafter_falls_back_to_plain_output(tiny_models: TinyModels, plain_greedy: Sequence) -> None:
+def test_failing_drafter_falls_back_to_plain_output(
+    tiny_models: TinyModels, plain_greedy: RequestState
+) -> None:
     exploding = ExplodingDrafter()
     with make_engine(tiny_models, extra={"exploding": exploding}) as engine:
         seq = run_all(engine, [(PROMPT, GREEDY, "exploding")])[0]
@@ -298,7 +305,7 @@ def test_failing_drafter_falls_back_to_plain_output(tiny_models: TinyModels, pla
 
 
 def test_a_failing_suffix_drafter_degrades_to_plain_decoding(
-    tiny_models: TinyModels, plain_greedy: Sequence, monkeypatch: pytest.MonkeyPatch
+    tiny_models: TinyModels, plain_greedy: RequestState, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with make_engine(tiny_models) as engine:
         run_all(engine, [(PROMPT, GREEDY, "suffix")])  # its output is now in the cache
@@ -314,7 +321,7 @@ def test_a_failing_suffix_drafter_degrades_to_plain_decoding(
     assert seq.output_ids == plain_greedy.output_ids
 
 
-def test_cost_aware_policy_keeps_exactness(tiny_models: TinyModels, plain_greedy: Sequence) -> None:
+def test_cost_aware_policy_keeps_exactness(tiny_models: TinyModels, plain_greedy: RequestState) -> None:
     costs = CostModel(StepCostTable.from_samples({1: 1.0, 16: 1.2, 64: 4.0}))  # GPU-like: drafting pays
     seq = generate(
         tiny_models, GREEDY, "draft-model", draft=tiny_models.target, k=8, policy=CostAwarePolicy(costs)
@@ -386,7 +393,7 @@ def test_a_step_of_several_passes_does_not_refine_the_cost_table(tiny_models: Ti
 
 
 def test_auto_asks_the_suffix_drafter_where_it_covers_the_ngram_drafter(
-    tiny_models: TinyModels, plain_greedy: Sequence, monkeypatch: pytest.MonkeyPatch
+    tiny_models: TinyModels, plain_greedy: RequestState, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Under ``auto`` the n-gram drafter is not asked while the suffix drafter is loaded (it makes every
     draft the n-gram drafter would, priced per token); a request naming it still gets it, and once the

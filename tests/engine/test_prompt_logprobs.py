@@ -21,9 +21,9 @@ from specserve.engine.draft_policy import FixedLengthPolicy
 from specserve.engine.engine import SpeculativeEngine
 from specserve.engine.options import EngineOptions
 from specserve.engine.prefix_cache import PrefixCache
-from specserve.engine.prompt_logprobs import PromptLogprob
 from specserve.request import SamplingParams
 from specserve.sequence import Sequence, SpeculationOptions
+from specserve.verify.logprobs import PromptLogprob
 from support.quantized import tiny_kquant_model
 
 TEXT = "def add(self, other):\n    return self.value + other.value\n" * 3

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
@@ -19,6 +19,7 @@ from openai.types.chat import ChatCompletionChunk
 from specserve.chat import chat_prompt_ids
 from specserve.config import Settings
 from specserve.engine.builder import build_engine
+from specserve.engine.offline import OfflineEngine
 from specserve.request import SamplingParams
 from support.tiny_models import TinyModels
 
@@ -61,15 +62,15 @@ def chat(i: int) -> list[dict[str, str]]:
 
 def single_engine_texts(settings: Settings, conversations: list[list[dict[str, str]]], n: int) -> list[str]:
     """Greedy outputs of one in-process engine, the reference every replica must reproduce."""
-    engine, _ = build_engine(settings)
+    built, _ = build_engine(settings)
+    engine = OfflineEngine(built)
     try:
-        for i, messages in enumerate(conversations):
-            engine.add_request(str(i), chat_prompt_ids(engine.target, messages), SamplingParams(max_tokens=n))
-        texts: dict[str, str] = defaultdict(str)
-        while engine.has_work():
-            for out in engine.step():
-                texts[out.request_id] += out.text_delta
-        return [texts[str(i)] for i in range(len(conversations))]
+        requests = [
+            engine.add_request(str(i), chat_prompt_ids(built.target, messages), SamplingParams(max_tokens=n))
+            for i, messages in enumerate(conversations)
+        ]
+        engine.run()
+        return [request.text for request in requests]
     finally:
         engine.close()
 

@@ -35,6 +35,13 @@ class ServerProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def engine_pids(self) -> list[int]:
+        """The server's child processes: its engine process (none with ``--no-engine-process``)."""
+        found: list[int] = []
+        for task in Path(f"/proc/{self.process.pid}/task").iterdir():
+            found += [int(pid) for pid in (task / "children").read_text().split()]
+        return found
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
@@ -96,3 +103,17 @@ def stop_server(server: ServerProcess) -> int:
         server.process.kill()
         server.process.wait()
         raise
+
+
+def gone(pid: int, deadline_s: float = 10.0) -> bool:
+    """Whether process ``pid`` has exited (or is a zombie) within the deadline."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.05)
+    return False

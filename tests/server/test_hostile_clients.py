@@ -17,7 +17,7 @@ import pytest
 
 from support.tiny_models import TinyModels
 
-from .process import ServerProcess, start_server, stop_server
+from .process import ServerProcess, gone, start_server, stop_server
 
 ADMIN = {"Authorization": "Bearer adm"}
 
@@ -204,6 +204,7 @@ def test_sigkill_mid_stream_then_restart_serves_cleanly(
 ) -> None:
     directory = tmp_path_factory.mktemp("killed")
     first = start_server(tiny_models, directory, "--max-running", "2")
+    [engine_pid] = first.engine_pids()
     body = {"prompt": "x", "max_tokens": 3000, "ignore_eos": True, "stream": True}
     ended_with_error = False
     try:
@@ -215,6 +216,7 @@ def test_sigkill_mid_stream_then_restart_serves_cleanly(
         ended_with_error = True  # the client sees a broken stream, never a hang
     assert first.process.wait(timeout=10) == -9
     assert ended_with_error
+    assert gone(engine_pid), "the engine process outlived its server"  # it reads end-of-file and exits
     again = start_server(tiny_models, directory, "--max-running", "2")  # same model cache and calibration
     try:
         state = httpx.get(f"{again.url}/v1/internal/state", timeout=5).json()

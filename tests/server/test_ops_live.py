@@ -137,6 +137,7 @@ def test_metrics_after_requests_are_consistent(ops: ServerProcess) -> None:
         assert value(after, gauge) == 0
     assert value(after, "spec_decode_enabled") == 1 and value(after, "spec_decode_draft_length") > 0
     assert after[("process_resident_memory_bytes", ())] > 1e6
+    assert after[("engine_process_resident_memory_bytes", ())] > 1e6  # the engine process, models and all
 
 
 def test_request_ids_and_json_summary_lines(ops: ServerProcess) -> None:

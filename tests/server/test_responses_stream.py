@@ -11,8 +11,8 @@ from typing import Any, cast
 
 from openai.types.responses import Response
 
-from specserve.engine.engine import RequestOutput
-from specserve.sequence import Sequence, SpecStats
+from specserve.engine.output_processor import RequestOutput, RequestState
+from specserve.sequence import SpecStats
 from specserve.server.responses_api import parse_responses_request
 from specserve.server.responses_output import ResponseFrame, complete
 from specserve.server.responses_stream import response_events
@@ -22,7 +22,7 @@ from specserve.server.tool_stream import ToolParsing
 CALL = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "utc", "n": [1, 2]}}\n</tool_call>'
 
 
-def fake_seq(finish_reason: str) -> Sequence:
+def fake_seq(finish_reason: str) -> RequestState:
     seq = SimpleNamespace(
         finish_reason=finish_reason,
         prompt_ids=[1, 2, 3],
@@ -30,7 +30,7 @@ def fake_seq(finish_reason: str) -> Sequence:
         cached_tokens=1,
         stats=SpecStats(),
     )
-    return cast(Sequence, seq)
+    return cast(RequestState, seq)
 
 
 def frame() -> ResponseFrame:

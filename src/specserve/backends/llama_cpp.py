@@ -63,6 +63,8 @@ from specserve.backends.llama_cpp_vocab import VocabularyMethods
 # (ggml-cpu/tiled/tiled.cpp, ggml_tiled_min_batch); below that, without repacking, every row goes through the
 # same vec_dot kernel as a one-token step.
 EXACT_MAX_ROWS = 7
+PLAN_CACHE_SIZE = 4096
+"""Call plans and pass counts kept per chunk shape (a step's shapes repeat: the same call, priced and run)."""
 
 log = logging.getLogger("specserve.llama_cpp")
 
@@ -218,6 +220,9 @@ class LlamaCppRuntime(VocabularyMethods, ModelRuntime[HostLogits]):
         self._n_seq_id = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(self._capacity,))
         self._want_logits = np.ctypeslib.as_array(self._batch.logits, shape=(self._capacity,))
         self._n_seq_id[:] = 1
+        self._logits_views: dict[int | None, HostLogits] = {}
+        self._plans: dict[tuple[int, ...], list[list[tuple[int, int, int]]]] = {}
+        self._passes: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, ...]] = {}
         self._closed = False
 
     # -- evaluation -------------------------------------------------------------------------------
@@ -248,13 +253,20 @@ class LlamaCppRuntime(VocabularyMethods, ModelRuntime[HostLogits]):
     def call_rows(self, chunk_rows: Sequence[int], seq_ids: Sequence[int] | None = None) -> list[int]:
         """Rows of each pass: per ``llama_decode`` call of ``_pack``, the micro-batches llama.cpp splits it
         into over the sequences' KV streams (llama_cpp_passes.py; one per call with a single stream)."""
-        ids = range(len(chunk_rows)) if seq_ids is None else seq_ids
+        ids = tuple(range(len(chunk_rows)) if seq_ids is None else seq_ids)
+        key = (tuple(chunk_rows), ids)
+        cached = self._passes.get(key)
+        if cached is not None:
+            return list(cached)
         passes: list[int] = []
         for call in self._pack(chunk_rows):
             if self.info.max_sequences == 1:
                 passes.append(sum(hi - lo for _, lo, hi in call))
             else:
                 passes += stream_passes(sorted((ids[i], hi - lo) for i, lo, hi in call), self._capacity)
+        if len(self._passes) >= PLAN_CACHE_SIZE:  # a step's shapes repeat; the policy asks many
+            self._passes.clear()
+        self._passes[key] = tuple(passes)
         return passes
 
     def _pack(self, chunk_rows: Sequence[int]) -> list[list[tuple[int, int, int]]]:
@@ -270,6 +282,9 @@ class LlamaCppRuntime(VocabularyMethods, ModelRuntime[HostLogits]):
         Example (capped, capacity 512): chunks of ``[300, 3, 5, 2]`` rows make the calls
         ``[(0, 0, 300)]``, ``[(1, 0, 3)]``, ``[(2, 0, 5), (3, 0, 2)]``: 3 + 5 > 7 starts a new call.
         """
+        key = tuple(chunk_rows)
+        if (cached := self._plans.get(key)) is not None:
+            return cached
         limit = EXACT_MAX_ROWS if self.info.exactness == "capped" else self._capacity
         calls: list[list[tuple[int, int, int]]] = []
         current: list[tuple[int, int, int]] = []
@@ -288,6 +303,9 @@ class LlamaCppRuntime(VocabularyMethods, ModelRuntime[HostLogits]):
                 used += n
         if current:
             calls.append(current)
+        if len(self._plans) >= PLAN_CACHE_SIZE:
+            self._plans.clear()
+        self._plans[key] = calls
         return calls
 
     def _decode_one(self, chunks: Sequence[DecodeChunk]) -> HostLogits:
@@ -315,14 +333,25 @@ class LlamaCppRuntime(VocabularyMethods, ModelRuntime[HostLogits]):
         n_out = sum(c.num_logits for c in chunks)
         if n_out == 0:
             return np.empty((0, self.info.vocab_size), np.float32)
-        ptr = lib.llama_get_logits(self._ctx)
-        logits: HostLogits = np.ctypeslib.as_array(ptr, shape=(n_out, self.info.vocab_size))
+        logits = self._logits_view(n_out)
         if order == sorted(order):
             return logits
         written = row_offsets([chunks[j].num_logits for j in order])  # rows in the order they were written
         start = dict(zip(order, written[:-1], strict=True))
         rows = [r for j in range(len(chunks)) for r in range(start[j], start[j] + chunks[j].num_logits)]
         return logits[rows]
+
+    def _logits_view(self, rows: int) -> HostLogits:
+        """The first ``rows`` rows of llama.cpp's logits buffer, as numpy (no copy). The view is made once
+        per buffer (``as_array`` builds a ctypes array type each call: microseconds every step); llama.cpp
+        reallocates the buffer only when a call outputs more rows than any before."""
+        ptr = self._lib.llama_get_logits(self._ctx)
+        address = ctypes.cast(ptr, ctypes.c_void_p).value
+        view = self._logits_views.get(address)
+        if view is None or view.shape[0] < rows:  # a new buffer, or more rows than viewed before
+            view = np.ctypeslib.as_array(ptr, shape=(rows, self.info.vocab_size))
+            self._logits_views = {address: view}
+        return view[:rows]
 
     def truncate(self, seq_id: int, length: int) -> None:
         self._lib.llama_memory_seq_rm(self._memory, seq_id, length, -1)

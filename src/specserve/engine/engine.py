@@ -12,8 +12,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from specserve.backends.base import DecodeChunk, ModelRuntime, StepLogits
 from specserve.drafters.base import Drafter, Proposal
@@ -22,7 +21,7 @@ from specserve.engine.draft_policy import DraftLengthPolicy, DraftPlan
 from specserve.engine.drafting import Drafting
 from specserve.engine.emitting import Emitting, verify_request
 from specserve.engine.options import EngineOptions
-from specserve.engine.output_text import OutputText
+from specserve.engine.outputs import EngineOutput, request_end, request_start
 from specserve.engine.prefix_cache import PrefixCache
 from specserve.engine.prompt_logprobs import prefill_rows, take_prompt_logprobs
 from specserve.engine.scheduler import Scheduler
@@ -30,27 +29,11 @@ from specserve.engine.speculation_budget import StepTiming
 from specserve.engine.stats import EngineStats
 from specserve.request import PositionalUniforms, SamplingParams
 from specserve.sequence import Sequence, SequenceStatus, SpeculationOptions
-from specserve.structured.grammar import GrammarCompiler, GrammarState
+from specserve.structured.grammar import GrammarCompiler
 from specserve.verify import Verifier, VerifyRequest, verifier_for
 from specserve.verify.logprobs import TokenLogprobs, token_logprobs
 
 log = logging.getLogger("specserve.engine")
-
-
-@dataclass
-class RequestOutput:
-    """What one step produced for one request."""
-
-    seq: Sequence
-    new_token_ids: list[int]
-    text_delta: str
-    finished: bool
-    new_logprobs: list[TokenLogprobs] = dataclasses.field(default_factory=list)
-    """The new tokens' log-probabilities, when the request asked for them."""
-
-    @property
-    def request_id(self) -> str:
-        return self.seq.request_id
 
 
 class SpeculativeEngine:
@@ -81,7 +64,6 @@ class SpeculativeEngine:
         self.drafting = Drafting(self.drafters, policy, target.info, self.stats)
         self.grammars = GrammarCompiler(target, target.info.vocab_size)
         """Structured outputs' grammars for this target (llguidance loads on the first one)."""
-        self._texts: dict[str, OutputText] = {}
         self._step_tokens = 0  # rows of the step's target pass (its cost is observed after verification)
         self._step_timing = StepTiming(0.0, 0)
         self._step_passes = 0  # passes over the weights it ran as (llama.cpp splits calls by KV stream)
@@ -118,20 +100,20 @@ class SpeculativeEngine:
             raise ValueError(
                 f"drafter {name!r} is not available; loaded: {', '.join(self.drafters) or 'none'}"
             )
-        self._texts[request_id] = OutputText(self.target.token_bytes, params.stop)
         for drafter in self.drafters.values():
             drafter.begin(seq)
         self.scheduler.add(seq)
         return seq
 
-    def abort(self, request_id: str) -> bool:
-        """Stop a request now and free its KV memory; returns whether it was known."""
+    def abort(self, request_id: str, reason: Literal["abort", "stop"] = "abort") -> EngineOutput | None:
+        """End a request now and free its KV memory (``stop``: the output processor found a stop string in
+        its text); its last output, or None when the request is not here (it has already ended)."""
         seq = self.scheduler.find(request_id)
         if seq is None:
-            return False
-        seq.finish("abort")
+            return None
+        seq.finish(reason)
         self._release(seq)
-        return True
+        return EngineOutput(request_id, [], reason, end=request_end(seq))
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -165,7 +147,7 @@ class SpeculativeEngine:
 
     # -- the step ---------------------------------------------------------------------------------
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[EngineOutput]:
         """Schedule → plan and draft → one target pass → one batched verification → commit → emit."""
         batch = self.scheduler.schedule()
         if batch.empty:
@@ -183,8 +165,8 @@ class SpeculativeEngine:
         return [o for o in outputs if o is not None]
 
     def _isolated(
-        self, seq: Sequence, fn: Callable[..., RequestOutput | None], *args: object
-    ) -> RequestOutput | None:
+        self, seq: Sequence, fn: Callable[..., EngineOutput | None], *args: object
+    ) -> EngineOutput | None:
         """Verify and commit one sequence; if that raises, only this request fails (finish reason
         ``error``, its KV freed) and the step goes on for the others."""
         try:
@@ -194,7 +176,7 @@ class SpeculativeEngine:
             if not seq.finished:
                 seq.finish("error")
             self._release(seq)
-            return RequestOutput(seq, [], "", True)
+            return EngineOutput(seq.request_id, [], seq.finish_reason, end=request_end(seq))
 
     def _evaluate(
         self, prefills: list[tuple[Sequence, int]], decodes: list[Sequence], proposals: list[Proposal]
@@ -286,7 +268,7 @@ class SpeculativeEngine:
 
     def _commit_step(
         self, emitting: Emitting, emitted: list[int] | Exception, logits: StepLogits[Any]
-    ) -> RequestOutput:
+    ) -> EngineOutput:
         """Accepted drafts plus one target token: roll back the rejected drafts' KV, then append (with their
         logprobs, from the rows that chose them, when the request asked)."""
         if emitting.error is not None:
@@ -294,14 +276,13 @@ class SpeculativeEngine:
         if isinstance(emitted, Exception):
             raise emitted
         seq, plan = emitting.seq, emitting.plan
+        entries = None
         if seq.params.logprobs is not None:
-            seq.logprobs.extend(
-                token_logprobs(logits[emitting.chunk][: len(emitted)], emitted, seq.params.logprobs)
-            )
+            entries = token_logprobs(logits[emitting.chunk][: len(emitted)], emitted, seq.params.logprobs)
         if plan is None:  # the first token after the prompt
             if self.prefix_cache is not None:
                 self.prefix_cache.prefilled(seq)
-            return self._commit(seq, emitted)
+            return self._commit(seq, emitted, entries)
         num_drafts, num_accepted = len(emitting.request.draft_ids), len(emitted) - 1
         self.policy.observe_step(seq, num_drafts, num_accepted, self._step_timing)
         seq.stats.record(num_drafts, num_accepted, plan.drafter.name if plan.drafter else None)
@@ -318,19 +299,20 @@ class SpeculativeEngine:
         seq.num_computed += 1 + num_accepted
         if num_accepted < num_drafts:
             self.target.truncate(seq.slot, seq.num_computed)
-        return self._commit(seq, emitted)
+        return self._commit(seq, emitted, entries)
 
-    def _commit(self, seq: Sequence, tokens: list[int]) -> RequestOutput:
-        """Append tokens one by one, stopping exactly where plain decoding would stop."""
-        text = self._texts[seq.request_id]
+    def _commit(self, seq: Sequence, tokens: list[int], entries: list[TokenLogprobs] | None) -> EngineOutput:
+        """Append tokens one by one, stopping exactly where plain decoding would stop. (Stop strings are
+        the output processor's: it reads the text and ends the request with ``abort(id, "stop")``.)"""
         context = self.target.info.context_per_sequence
-        new: list[int] = []
+        start = None
         if seq.first_token_time is None:
             seq.first_token_time = time.perf_counter()
-        grammar = seq.grammar if isinstance(seq.grammar, GrammarState) else None
+            start = request_start(seq)
         if not seq.params.max_tokens:  # the prompt only (its logprobs): nothing is generated
             seq.finish("length")
             tokens = []
+        new: list[int] = []
         for token in tokens:
             if (
                 self.target.is_eog(token) and not seq.params.ignore_eos
@@ -339,26 +321,20 @@ class SpeculativeEngine:
                 break
             seq.output_ids.append(token)
             new.append(token)
-            if grammar is not None:
-                grammar.commit([token])
-            if text.append(token) or (grammar is not None and grammar.is_stopped()):
-                seq.finish("stop")
-            elif len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= context:
+            if seq.grammar is not None:
+                seq.grammar.commit([token])
+                if seq.grammar.is_stopped():
+                    seq.finish("stop")
+                    break
+            if len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= context:
                 seq.finish("length")
-            if seq.finished:
                 break
         self.stats.generated_tokens += len(new)
-        seq.text = text.text
-        new_logprobs: list[TokenLogprobs] = []
-        if seq.params.logprobs is not None:
-            del seq.logprobs[len(seq.output_ids) :]  # an end-of-generation token is not emitted
-            new_logprobs = [
-                t for t in seq.logprobs[len(seq.output_ids) - len(new) :] if isinstance(t, TokenLogprobs)
-            ]
+        out = EngineOutput(seq.request_id, new, None, None if entries is None else entries[: len(new)], start)
         if seq.finished:
-            text.finish()
             self._release(seq)
-        return RequestOutput(seq, new, text.take_delta(final=seq.finished), seq.finished, new_logprobs)
+            out.finish_reason, out.end = seq.finish_reason, request_end(seq)
+        return out
 
     def _release(self, seq: Sequence) -> None:
         for drafter in self.drafters.values():
@@ -373,7 +349,6 @@ class SpeculativeEngine:
             else:
                 self.target.free(seq.slot)
         self.scheduler.release(seq)
-        self._texts.pop(seq.request_id, None)
         self.stats.record_finish(seq)
 
     def close(self) -> None:

@@ -12,20 +12,11 @@ logprobs and hands it the step's logits without them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from specserve.backends.base import StepLogits, row_offsets
 from specserve.sequence import Sequence
-from specserve.verify.logprobs import TokenLogprobs, token_logprobs, token_ranks
-
-
-@dataclass(frozen=True)
-class PromptLogprob:
-    """One prompt token's logprobs, and its rank in its row (1: the target's most likely token)."""
-
-    entry: TokenLogprobs
-    rank: int
+from specserve.verify.logprobs import PromptLogprob, token_logprobs, token_ranks
 
 
 def prefill_rows(seq: Sequence, start: int, n: int) -> int:

@@ -1,7 +1,8 @@
 """The engine deployment: one replica is one specserve engine serving the single-process application.
 
-A replica builds and calibrates its engine in ``__init__``, so Serve sends it traffic only once it can serve
-(Serve routes to a replica after its constructor and a first ``check_health``). Requests arrive as
+A replica starts its engine in ``__init__`` (the engine core in a process of its own, as ``specserve serve``
+runs it) and waits until the models are loaded and calibrated, so Serve sends it traffic only once it can
+serve (Serve routes to a replica after its constructor and a first ``check_health``). Requests arrive as
 :class:`HTTPCall` objects and run through the same FastAPI app ``specserve serve`` runs; every response names
 the replica in ``X-Specserve-Replica``. The router learns what each replica's prefix cache holds from
 ``record_routing_stats``.
@@ -14,7 +15,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from specserve.config_sources import with_secrets_from_env
-from specserve.engine.builder import build_engine
 from specserve.engine.prefix_cache import routing_key
 from specserve.logging import configure_logging
 from specserve.rayserve import REPLICA_HEADER
@@ -37,10 +37,9 @@ class EngineReplica:
 
         self.settings = with_secrets_from_env(settings)
         configure_logging(self.settings.log_level, self.settings.log_format)
-        built = build_engine(self.settings)  # load and calibrate before taking traffic
-        self.app = create_app(self.settings, lambda _: built)
+        self.app = create_app(self.settings)
         self.state: ServerState = self.app.state.server
-        self.state.load()
+        self.state.load()  # load and calibrate before taking traffic
         if self.state.status != "ready":
             raise RuntimeError(self.state.reason)
         self.replica_id = serve.get_replica_context().replica_id.unique_id
@@ -52,9 +51,9 @@ class EngineReplica:
             yield part
 
     def check_health(self) -> None:
-        """Serve replaces a replica whose check fails: a dead engine thread never serves again."""
+        """Serve replaces a replica whose check fails: a dead engine never serves again."""
         engine = self.state.engine
-        if engine is None or engine.error is not None:
+        if engine is None or engine.error is not None or self.state.status != "ready":
             raise RuntimeError(f"the engine of replica {self.replica_id} failed: {self.state.reason}")
 
     async def record_routing_stats(self) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.responses import Response
 
 from specserve.engine.async_engine import AsyncEngine, EngineDeadError
+from specserve.engine.core import traced_heap
 from specserve.server.errors import unavailable
 from specserve.server.request_body import read_model
 
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("specserve.server")
 
 SWITCH_TIMEOUT_S = 10.0
+HEAP_TIMEOUT_S = 60.0
 
 router = APIRouter()
 
@@ -50,32 +52,31 @@ def speculation_status(state: ServerState, engine: AsyncEngine) -> dict[str, Any
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
     state: ServerState = request.app.state.server
-    body, content_type = state.metrics.render()
+    body, content_type = await state.metrics.scrape()
     return Response(body, media_type=content_type)
 
 
 @router.get("/admin/heap")
 async def heap(request: Request) -> dict[str, Any]:
     """Python heap figures for leak hunting: what ``tracemalloc`` traces, if the server was started with
-    ``PYTHONTRACEMALLOC=1`` (the soak test does), and the largest allocation sites by line."""
-    import tracemalloc
-
-    if not tracemalloc.is_tracing():
-        return {"tracing": False}
-
-    def measure() -> dict[str, Any]:  # a snapshot takes a while: off the event loop
-        current, peak = tracemalloc.get_traced_memory()
-        stats = tracemalloc.take_snapshot().statistics("lineno")[:10]
-        top = [{"where": str(s.traceback), "bytes": s.size, "blocks": s.count} for s in stats]
-        return {"tracing": True, "traced_bytes": current, "peak_bytes": peak, "top": top}
-
-    return await asyncio.to_thread(measure)
+    ``PYTHONTRACEMALLOC=1`` (the soak test does), and the largest allocation sites by line; with the engine
+    in its own process, that process's under ``engine``."""
+    state: ServerState = request.app.state.server
+    figures = await asyncio.to_thread(traced_heap)  # a snapshot takes a while: off the event loop
+    if state.engine is not None and state.engine.engine_pid is not None:
+        try:
+            figures["engine"] = await state.engine.engine_heap(HEAP_TIMEOUT_S)
+        except (EngineDeadError, TimeoutError, RuntimeError) as exc:
+            figures["engine"] = {"tracing": False, "error": str(exc)}
+    return figures
 
 
 @router.get("/admin/speculation")
 async def get_speculation(request: Request) -> dict[str, Any]:
     state: ServerState = request.app.state.server
-    return speculation_status(state, state.require_engine())
+    engine = state.require_engine()
+    await state.refresh_engine_state()
+    return speculation_status(state, engine)
 
 
 @router.post("/admin/speculation")

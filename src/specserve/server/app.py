@@ -30,7 +30,8 @@ from starlette.responses import Response
 
 from specserve.config import Settings
 from specserve.engine.async_engine import AsyncEngine
-from specserve.engine.engine import RequestOutput, SpeculativeEngine
+from specserve.engine.engine import SpeculativeEngine
+from specserve.engine.output_processor import RequestOutput
 from specserve.request import GrammarSpec, SamplingParams
 from specserve.server import chat_request as c
 from specserve.server import protocol as p
@@ -193,6 +194,7 @@ async def ready(request: Request) -> JSONResponse:
     state: ServerState = request.app.state.server
     if state.status != "ready" or state.engine is None:
         return JSONResponse({"status": state.status, "reason": state.reason}, status_code=503)
+    await state.refresh_engine_state()
     report = state.report
     reasons = state.degraded_reasons()
     target = state.engine.info
@@ -219,6 +221,7 @@ async def internal_state(request: Request) -> dict[str, Any]:
     engine = state.engine
     if engine is None:
         return {"ready": False, "running": 0, "waiting": 0, "finished": dict.fromkeys(FINISH_REASONS, 0)}
+    await state.refresh_engine_state()
     finished = engine.stats.finished
     return {
         "ready": state.status == "ready",

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from specserve.engine.engine import RequestOutput
-from specserve.sequence import Sequence, SpecStats
+from specserve.engine.output_processor import RequestOutput, RequestState
+from specserve.sequence import SpecStats
 from specserve.server import responses as r
 from specserve.server.logprobs_format import (
     chat_logprobs,
@@ -93,10 +93,10 @@ class ChunkFormat:
             return self._chunk(index, {"delta": {"role": "assistant", "content": ""}})
         return None
 
-    def prompt_chunk(self, index: int, seq: Sequence) -> dict[str, Any] | None:
+    def prompt_chunk(self, index: int, request: RequestState) -> dict[str, Any] | None:
         """Sent with a choice's first output (once its prompt is evaluated): a completion's echo (and its
         tokens' logprobs), vLLM's ``prompt_logprobs``."""
-        prompt = self._prompt_logprobs(seq)
+        prompt = self._prompt_logprobs(request)
         if self.chat:
             return (
                 None if prompt is None else {**self._chunk(index, {"delta": {}}), "prompt_logprobs": prompt}
@@ -104,22 +104,22 @@ class ChunkFormat:
         echo = self.prompt.echo(index)
         if not echo and prompt is None:
             return None
-        chunk = self._chunk(index, {"text": echo}, logprobs=self._echo_logprobs(seq))
+        chunk = self._chunk(index, {"text": echo}, logprobs=self._echo_logprobs(request))
         if prompt is not None:
             chunk["choices"][0]["prompt_logprobs"] = prompt
         return chunk
 
-    def _echo_logprobs(self, seq: Sequence) -> dict[str, Any] | None:
+    def _echo_logprobs(self, request: RequestState) -> dict[str, Any] | None:
         if self.prompt.echo_logprobs is None:
             return None
         return echoed_logprobs(
-            self.token_bytes, seq.prompt_ids, seq.prompt_logprobs, self.prompt.echo_logprobs
+            self.token_bytes, request.prompt_ids, request.prompt_logprobs, self.prompt.echo_logprobs
         )
 
-    def _prompt_logprobs(self, seq: Sequence) -> list[Any] | None:
+    def _prompt_logprobs(self, request: RequestState) -> list[Any] | None:
         if self.prompt.prompt_logprobs is None:
             return None
-        return vllm_prompt_logprobs(self.token_bytes, seq.prompt_logprobs, self.prompt.prompt_logprobs)
+        return vllm_prompt_logprobs(self.token_bytes, request.prompt_logprobs, self.prompt.prompt_logprobs)
 
     def delta(self, index: int, text: str, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
         return self._chunk(
@@ -145,27 +145,27 @@ class ChunkFormat:
         chunk["speculative"] = speculative
         return chunk
 
-    def usage(self, seqs: list[Sequence]) -> dict[str, Any]:
+    def usage(self, requests: list[RequestState]) -> dict[str, Any]:
         chunk = self._chunk(0, {})
         chunk["choices"] = []
-        chunk["usage"] = r.Usage.of(seqs, self.n).model_dump()
+        chunk["usage"] = r.Usage.of(requests, self.n).model_dump()
         return chunk
 
     def response(self, results: list[tuple[str, RequestOutput, list[TokenLogprobs]]]) -> dict[str, Any]:
         """The non-streamed response body (``chat.completion`` or ``text_completion``)."""
-        seqs = [out.seq for _, out, _ in results]
+        requests = [out.state for _, out, _ in results]
         common = {
             "id": self.id,
             "created": self.created,
             "model": self.model,
-            "usage": r.Usage.of(seqs, self.n),
+            "usage": r.Usage.of(requests, self.n),
         }
-        stats = seqs[0].stats.as_dict() if len(seqs) == 1 else _merged_stats(seqs)
+        stats = requests[0].stats.as_dict() if len(requests) == 1 else _merged_stats(requests)
         response: r.CompletionResponse | r.ChatCompletionResponse
         if self.chat:
             choices = []
             for i, (text, out, entries) in enumerate(results):
-                message, reason = self._message(text, out.seq.finish_reason)
+                message, reason = self._message(text, out.state.finish_reason)
                 logprobs = self.output_logprobs(entries)
                 choices.append(
                     r.ChatChoice(index=i, message=message, logprobs=logprobs, finish_reason=reason)
@@ -173,7 +173,7 @@ class ChunkFormat:
             response = r.ChatCompletionResponse.model_validate(
                 {**common, "choices": choices, "speculative": stats}
             )
-            prompt_logprobs = self._prompt_logprobs(seqs[0])
+            prompt_logprobs = self._prompt_logprobs(requests[0])
             if prompt_logprobs is not None:
                 response.prompt_logprobs = prompt_logprobs
         else:
@@ -188,15 +188,15 @@ class ChunkFormat:
     ) -> r.CompletionChoice:
         echo = self.prompt.echo(index)
         logprobs = self.output_logprobs(entries, len(echo))
-        echoed = self._echo_logprobs(out.seq)
+        echoed = self._echo_logprobs(out.state)
         if logprobs is not None and echoed is not None:
             logprobs = {key: echoed[key] + logprobs[key] for key in logprobs}
         return r.CompletionChoice(
             index=index,
             text=echo + text,
             logprobs=logprobs,
-            finish_reason=out.seq.finish_reason,
-            prompt_logprobs=self._prompt_logprobs(out.seq),
+            finish_reason=out.state.finish_reason,
+            prompt_logprobs=self._prompt_logprobs(out.state),
         )
 
     def _message(self, text: str, reason: str | None) -> tuple[r.AssistantMessage, str | None]:
@@ -210,14 +210,14 @@ class ChunkFormat:
         return message, "tool_calls" if reason == "stop" else reason  # as streamed: a cut call says length
 
 
-def _merged_stats(seqs: list[Sequence]) -> dict[str, Any]:
+def _merged_stats(requests: list[RequestState]) -> dict[str, Any]:
     total = SpecStats()
-    for seq in seqs:
-        total.num_drafts += seq.stats.num_drafts
-        total.num_draft_tokens += seq.stats.num_draft_tokens
-        total.num_accepted_tokens += seq.stats.num_accepted_tokens
-        for name, count in seq.stats.drafts_by_drafter.items():
+    for request in requests:
+        total.num_drafts += request.stats.num_drafts
+        total.num_draft_tokens += request.stats.num_draft_tokens
+        total.num_accepted_tokens += request.stats.num_accepted_tokens
+        for name, count in request.stats.drafts_by_drafter.items():
             total.drafts_by_drafter[name] = total.drafts_by_drafter.get(name, 0) + count
-        for name, count in seq.stats.accepted_by_drafter.items():
+        for name, count in request.stats.accepted_by_drafter.items():
             total.accepted_by_drafter[name] = total.accepted_by_drafter.get(name, 0) + count
     return total.as_dict()

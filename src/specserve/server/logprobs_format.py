@@ -7,8 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from specserve.engine.prompt_logprobs import PromptLogprob
-from specserve.verify.logprobs import TokenLogprobs
+from specserve.verify.logprobs import PromptLogprob, TokenLogprobs
 
 TokenBytes = Callable[[int], bytes]
 
@@ -45,18 +44,17 @@ def completion_logprobs(
     return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets}
 
 
-def _prompt_entries(prompt_logprobs: Sequence[object]) -> list[PromptLogprob | None]:
-    return [e if isinstance(e, PromptLogprob) else None for e in prompt_logprobs]
-
-
 def echoed_logprobs(
-    token_bytes: TokenBytes, prompt_ids: Sequence[int], prompt_logprobs: Sequence[object], top_n: int
+    token_bytes: TokenBytes,
+    prompt_ids: Sequence[int],
+    prompt_logprobs: Sequence[PromptLogprob | None],
+    top_n: int,
 ) -> dict[str, Any]:
     """The legacy completions' logprobs of an echoed prompt: every prompt token, the first with ``null``
     (nothing predicts it), each with its ``top_n`` alternatives; offsets from the prompt's start."""
     tokens, logprobs, tops, offsets = [], [], [], []
     offset = 0
-    for token, entry in zip(prompt_ids, _prompt_entries(prompt_logprobs), strict=True):
+    for token, entry in zip(prompt_ids, prompt_logprobs, strict=True):
         text, _ = _text(token_bytes, token)
         tokens.append(text)
         logprobs.append(None if entry is None else entry.entry.logprob)
@@ -70,12 +68,12 @@ def echoed_logprobs(
 
 
 def vllm_prompt_logprobs(
-    token_bytes: TokenBytes, prompt_logprobs: Sequence[object], top_n: int
+    token_bytes: TokenBytes, prompt_logprobs: Sequence[PromptLogprob | None], top_n: int
 ) -> list[dict[str, dict[str, Any]] | None]:
     """vLLM's ``prompt_logprobs``: per prompt token (the first ``null``), ``{token id: {"logprob", "rank",
     "decoded_token"}}`` for the prompt token and its position's ``top_n`` most likely tokens."""
     result: list[dict[str, dict[str, Any]] | None] = []
-    for entry in _prompt_entries(prompt_logprobs):
+    for entry in prompt_logprobs:
         if entry is None:
             result.append(None)
             continue

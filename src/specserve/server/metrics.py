@@ -1,10 +1,11 @@
 """Prometheus metrics for ``GET /metrics``: vLLM's names under the ``specserve:`` prefix.
 
-Three feeds, none of which blocks the event loop (prometheus objects are thread-safe):
+Three feeds, all on the event loop:
 
-- the engine thread, after every step (an ``AsyncEngine`` step observer): the speculative decoding counters,
-  generated tokens, draft and verify time per step and drafter failures, all as deltas of the engine's own
-  ``EngineStats``, so the exported counters equal the engine's and stay consistent with one another;
+- every step's message (an ``AsyncEngine`` step observer): the step's draft and verify time; and at each
+  scrape, the engine's counters fetched between two steps (``AsyncEngine.refresh``): the speculative
+  decoding counters, generated tokens, drafter failures and the prefix cache's, all as deltas of the
+  engine's own ``EngineStats``, so the exported counters equal the engine's and stay consistent;
 - the request middleware, when a generation request ends: requests by outcome, finish reasons, prompt
   tokens, time to first token, time per output token, end-to-end latency and queue time;
 - callbacks at scrape time: running and waiting requests, KV cache usage, speculation state.
@@ -15,7 +16,7 @@ acceptance length = 1 + num_accepted_tokens / num_drafts; acceptance rate = acce
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 from collections.abc import Callable
 from functools import partial
 
@@ -30,11 +31,11 @@ from prometheus_client import (
     generate_latest,
 )
 
-from specserve.engine.async_engine import AsyncEngine
-from specserve.engine.engine import RequestOutput
+from specserve.engine.async_engine import AsyncEngine, EngineDeadError
+from specserve.engine.core import EngineSnapshot, StepMessage
+from specserve.engine.output_processor import RequestState
 from specserve.engine.prefix_cache import PrefixCacheStats
 from specserve.engine.stats import EngineStats
-from specserve.sequence import Sequence
 
 PREFIX = "specserve:"
 OUTCOMES = (
@@ -52,6 +53,7 @@ FINISH_REASONS = ("stop", "length")
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 _E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0)
+SCRAPE_TIMEOUT_S = 5.0
 _STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
@@ -132,7 +134,7 @@ class Metrics:
 
         self._engine: AsyncEngine | None = None
         self._degraded: Callable[[], bool] = lambda: False
-        self._last = EngineStats()  # the engine counters at the previous step (engine thread only)
+        self._last = EngineStats()  # the engine counters at the previous scrape
         self._last_cache = PrefixCacheStats()
         self._draft_length = 0.0
         gauge(
@@ -167,14 +169,24 @@ class Metrics:
         self._engine = engine
         self._degraded = degraded
         engine.step_observers.append(self.observe_step)
+        pid = engine.engine_pid
+        if (
+            pid is not None
+        ):  # the models' memory is the engine process's (engine_process_resident_memory_bytes)
+            ProcessCollector(namespace="engine", pid=lambda: pid, registry=self.registry)
 
-    # -- engine thread ----------------------------------------------------------------------------
+    # -- the engine's feeds ------------------------------------------------------------------------
 
-    def observe_step(self, outputs: list[RequestOutput], elapsed: float) -> None:
-        """Export what the step just added to the engine's counters (the step observer)."""
-        if self._engine is None:
-            return
-        stats, last = self._engine.stats, self._last
+    def observe_step(self, message: StepMessage) -> None:
+        """One step's draft and verify time (the step observer)."""
+        if message.draft_seconds > 0:
+            self.draft_time.observe(message.draft_seconds)
+        if message.verify_seconds > 0:
+            self.verify_time.observe(message.verify_seconds)
+
+    def observe_counters(self, snapshot: EngineSnapshot) -> None:
+        """Export what the engine's counters gained since the last scrape."""
+        stats, last = snapshot.stats, self._last
         drafts = stats.num_drafts - last.num_drafts
         draft_tokens = stats.num_draft_tokens - last.num_draft_tokens
         if drafts:  # drafts and draft tokens before accepted ones: a scrape never sees accepted > drafted
@@ -198,42 +210,44 @@ class Metrics:
             self.num_accepted_tokens.inc(stats.num_accepted_tokens - last.num_accepted_tokens)
         if stats.generated_tokens > last.generated_tokens:
             self.generation_tokens.inc(stats.generated_tokens - last.generated_tokens)
-        if stats.draft_seconds > last.draft_seconds:
-            self.draft_time.observe(stats.draft_seconds - last.draft_seconds)
-        if stats.verify_seconds > last.verify_seconds:
-            self.verify_time.observe(stats.verify_seconds - last.verify_seconds)
         if stats.drafter_failures > last.drafter_failures:
             self.drafter_failures.inc(stats.drafter_failures - last.drafter_failures)
-        cstats = self._engine.prefix_cache_stats()
+        cstats = snapshot.prefix_cache
         if cstats is not None:
             prev = self._last_cache
             self.prefix_cache_queries.inc(cstats.queries - prev.queries)
             self.prefix_cache_hits.inc(cstats.hits - prev.hits)
             self.prefix_cache_drops.inc(cstats.host_drops - prev.host_drops)
-            self._last_cache = dataclasses.replace(cstats)
-        self._last = stats.snapshot()
+            self._last_cache = cstats
+        self._last = stats
 
     # -- event loop -------------------------------------------------------------------------------
 
-    def observe_request(self, outcome: str, seq: Sequence | None) -> None:
-        """A generation request ended with ``outcome`` (one of OUTCOMES); seq if it reached the engine."""
+    def observe_request(self, outcome: str, request: RequestState | None) -> None:
+        """A generation request ended with ``outcome`` (one of OUTCOMES); request if it reached the engine."""
         self.requests.labels(outcome).inc()
-        if seq is None:
+        if request is None:
             return
-        self.prompt_tokens.inc(len(seq.prompt_ids))
-        if outcome == "success" and seq.finish_reason in FINISH_REASONS:
-            self.request_success.labels(seq.finish_reason).inc()
-        if seq.scheduled_time is not None:
-            self.queue_time.observe(seq.scheduled_time - seq.arrival_time)
-        if seq.first_token_time is not None:
-            self.ttft.observe(seq.first_token_time - seq.arrival_time)
-        if seq.finish_time is not None and outcome == "success":
-            self.e2e.observe(seq.finish_time - seq.arrival_time)
-            if seq.first_token_time is not None and len(seq.output_ids) > 1:
-                self.tpot.observe((seq.finish_time - seq.first_token_time) / (len(seq.output_ids) - 1))
+        self.prompt_tokens.inc(len(request.prompt_ids))
+        if outcome == "success" and request.finish_reason in FINISH_REASONS:
+            self.request_success.labels(request.finish_reason).inc()
+        if request.scheduled_time is not None:
+            self.queue_time.observe(request.scheduled_time - request.arrival_time)
+        if request.first_token_time is not None:
+            self.ttft.observe(request.first_token_time - request.arrival_time)
+        if request.finish_time is not None and outcome == "success":
+            self.e2e.observe(request.finish_time - request.arrival_time)
+            if request.first_token_time is not None and len(request.output_ids) > 1:
+                self.tpot.observe(
+                    (request.finish_time - request.first_token_time) / (len(request.output_ids) - 1)
+                )
 
-    def render(self) -> tuple[bytes, str]:
-        """The exposition text and its content type."""
+    async def scrape(self) -> tuple[bytes, str]:
+        """The engine's counters fetched now (between two steps), then the exposition text and its content
+        type; a stopped or stalled engine leaves its counters where they were."""
+        if self._engine is not None:
+            with contextlib.suppress(EngineDeadError, TimeoutError, RuntimeError):
+                self.observe_counters(await self._engine.refresh(SCRAPE_TIMEOUT_S))
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
     # -- scrape-time values -----------------------------------------------------------------------

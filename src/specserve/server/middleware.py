@@ -22,9 +22,8 @@ from typing import TYPE_CHECKING, Any
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from specserve.engine.engine import RequestOutput
+from specserve.engine.output_processor import RequestOutput, RequestState
 from specserve.logging import request_id_var
-from specserve.sequence import Sequence
 from specserve.server.errors import APIError, internal_error
 
 if TYPE_CHECKING:
@@ -47,7 +46,7 @@ class RequestRecord:
     status: int = 0
     completion_id: str | None = None
     stream: bool = False
-    seq: Sequence | None = None
+    request: RequestState | None = None
     stream_error: APIError | None = None
     """An error sent inside a 200 event stream (timeout, stopped engine)."""
     prompt: Any = None
@@ -58,7 +57,7 @@ class RequestRecord:
 
         def take(task: asyncio.Task[RequestOutput]) -> None:
             if not task.cancelled() and task.exception() is None:
-                self.seq = task.result().seq
+                self.request = task.result().state
 
         first.add_done_callback(take)
 
@@ -85,8 +84,8 @@ def outcome(record: RequestRecord) -> str:
     """One of ``metrics.OUTCOMES``."""
     status = record.stream_error.status if record.stream_error is not None else record.status
     if status == 200:
-        seq = record.seq
-        finished = seq is not None and seq.finish_reason in ("stop", "length")
+        request = record.request
+        finished = request is not None and request.finish_reason in ("stop", "length")
         return "success" if finished else "aborted"
     if status == 429:
         return "rejected_429"
@@ -113,28 +112,28 @@ def summary(record: RequestRecord, result: str, log_prompts: bool) -> dict[str, 
     }
     if record.stream_error is not None:
         fields["error"] = {"code": record.stream_error.code, "message": record.stream_error.message}
-    seq = record.seq
-    if seq is None:
+    request = record.request
+    if request is None:
         return fields
-    stats = seq.stats
+    stats = request.stats
     fields.update(
-        prompt_tokens=len(seq.prompt_ids),
-        cached_tokens=seq.cached_tokens,
-        output_tokens=len(seq.output_ids),
-        finish_reason=seq.finish_reason,
+        prompt_tokens=len(request.prompt_ids),
+        cached_tokens=request.cached_tokens,
+        output_tokens=len(request.output_ids),
+        finish_reason=request.finish_reason,
         drafters=dict(stats.drafts_by_drafter),
         num_drafts=stats.num_drafts,
         num_draft_tokens=stats.num_draft_tokens,
         num_accepted_tokens=stats.num_accepted_tokens,
         mean_acceptance_length=round(stats.mean_acceptance_length, 4),
         first_rejections=list(stats.first_rejections),
-        draft_s=round(seq.draft_seconds, 4),
-        verify_s=round(seq.verify_seconds, 4),
-        queue_s=_since(seq.arrival_time, seq.scheduled_time),
-        ttft_s=_since(seq.arrival_time, seq.first_token_time),
+        draft_s=round(request.draft_seconds, 4),
+        verify_s=round(request.verify_seconds, 4),
+        queue_s=_since(request.arrival_time, request.scheduled_time),
+        ttft_s=_since(request.arrival_time, request.first_token_time),
     )
     if log_prompts:
-        fields.update(prompt=record.prompt, output=seq.text)
+        fields.update(prompt=record.prompt, output=request.text)
     return fields
 
 
@@ -191,6 +190,6 @@ class OpsMiddleware:
 
     def _finish(self, record: RequestRecord) -> None:
         result = outcome(record)
-        self.state.metrics.observe_request(result, record.seq)
+        self.state.metrics.observe_request(result, record.request)
         fields = summary(record, result, self.state.settings.log_prompts)
         request_log.info("request finished", extra={"fields": fields})

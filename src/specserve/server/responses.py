@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from specserve.sequence import Sequence as Seq
+from specserve.engine.output_processor import RequestState
 
 
 class PromptTokensDetails(BaseModel):
@@ -23,11 +23,11 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails
 
     @classmethod
-    def of(cls, seqs: Sequence[Seq], n: int = 1) -> Usage:
+    def of(cls, requests: Sequence[RequestState], n: int = 1) -> Usage:
         """The usage of a request's choices (``n`` per prompt, in order): each prompt once, every choice's
         completion."""
-        firsts = seqs[::n]
-        prompt, completion = sum(len(s.prompt_ids) for s in firsts), sum(len(s.output_ids) for s in seqs)
+        firsts = requests[::n]
+        prompt, completion = sum(len(s.prompt_ids) for s in firsts), sum(len(s.output_ids) for s in requests)
         return cls(
             prompt_tokens=prompt,
             completion_tokens=completion,

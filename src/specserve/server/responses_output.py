@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from specserve.sequence import Sequence
+from specserve.engine.output_processor import RequestState
 from specserve.server.responses_api import ResponsesRequest
 from specserve.server.tool_stream import ToolParsing
 
@@ -76,11 +76,11 @@ class ResponseUsage(BaseModel):
     total_tokens: int
 
     @classmethod
-    def of(cls, seq: Sequence) -> ResponseUsage:
-        prompt, output = len(seq.prompt_ids), len(seq.output_ids)
+    def of(cls, request: RequestState) -> ResponseUsage:
+        prompt, output = len(request.prompt_ids), len(request.output_ids)
         return cls(
             input_tokens=prompt,
-            input_tokens_details=InputTokensDetails(cached_tokens=seq.cached_tokens),
+            input_tokens_details=InputTokensDetails(cached_tokens=request.cached_tokens),
             output_tokens=output,
             output_tokens_details=OutputTokensDetails(),
             total_tokens=prompt + output,
@@ -145,7 +145,7 @@ class ResponseFrame:
         self,
         status: Status,
         output: list[dict[str, Any]],
-        seq: Sequence | None = None,
+        request: RequestState | None = None,
         error: ResponseError | None = None,
     ) -> dict[str, Any]:
         """The response object as JSON-ready data (validated against :class:`ResponseObject`)."""
@@ -171,20 +171,20 @@ class ResponseFrame:
                 "metadata": req.metadata,
                 "user": req.user,
                 "store": req.store,
-                "usage": None if seq is None else ResponseUsage.of(seq),
-                "speculative": None if seq is None else seq.stats.as_dict(),
+                "usage": None if request is None else ResponseUsage.of(request),
+                "speculative": None if request is None else request.stats.as_dict(),
             }
         )
         return response.model_dump(mode="json")
 
 
-def status_of(seq: Sequence) -> tuple[Status, ResponseError | None]:
+def status_of(request: RequestState) -> tuple[Status, ResponseError | None]:
     """A finished generation's status (and error, when it failed)."""
-    if seq.finish_reason == "stop":
+    if request.finish_reason == "stop":
         return "completed", None
-    if seq.finish_reason == "length":
+    if request.finish_reason == "length":
         return "incomplete", None
-    message = f"The generation ended without finishing ({seq.finish_reason})."
+    message = f"The generation ended without finishing ({request.finish_reason})."
     return "failed", ResponseError(code="server_error", message=message)
 
 
@@ -208,10 +208,12 @@ def call_item(item_id: str, call_id: str, name: str, arguments: str, status: Ite
     }
 
 
-def complete(frame: ResponseFrame, text: str, seq: Sequence, tools: ToolParsing | None) -> dict[str, Any]:
+def complete(
+    frame: ResponseFrame, text: str, request: RequestState, tools: ToolParsing | None
+) -> dict[str, Any]:
     """The body of a finished, non-streamed response: the text, and the tool calls parsed from it."""
     content, calls = tools.parse(text) if tools is not None else (text, [])
-    status, error = status_of(seq)
+    status, error = status_of(request)
     texts = [content] if content or not calls else []
     count = len(texts) + len(calls)
     output = [message_item(new_id("msg"), t, item_status(status, count == 1)) for t in texts]
@@ -219,7 +221,7 @@ def complete(frame: ResponseFrame, text: str, seq: Sequence, tools: ToolParsing 
         function = call["function"]
         state = item_status(status, i == count - 1)
         output.append(call_item(new_id("fc"), call["id"], function["name"], function["arguments"], state))
-    return frame.body(status, output, seq, error)
+    return frame.body(status, output, request, error)
 
 
 def conversation_output(body: dict[str, Any]) -> list[dict[str, Any]]:

@@ -129,7 +129,7 @@ class ResponsesCall:
             release = partial(release_choices, choices)
             return EventStreamResponse(events, release, stall_timeout=settings.client_timeout * 3)
         [(text, out, _)] = await collect(request, engine, choices)
-        body = complete(frame, text, out.seq, fmt.tools)
+        body = complete(frame, text, out.state, fmt.tools)
         self._keep(body)
         return json_response(body)
 

@@ -22,7 +22,7 @@ import json
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
-from specserve.sequence import Sequence
+from specserve.engine.output_processor import RequestState
 from specserve.server.errors import APIError
 from specserve.server.responses_output import (
     ResponseError,
@@ -142,16 +142,16 @@ class ResponseEvents:
         self._item = None
         return events
 
-    def finish(self, seq: Sequence) -> tuple[list[bytes], dict[str, Any]]:
+    def finish(self, request: RequestState) -> tuple[list[bytes], dict[str, Any]]:
         """The last events and the response, when the generation ended."""
-        status, error = status_of(seq)
+        status, error = status_of(request)
         events = (
             self._open(message_item(new_id("msg"), "", "in_progress"))
             if not self.output and self._item is None
             else []
         )
         events += self.close(status)
-        body = self.frame.body(status, self.output, seq, error)
+        body = self.frame.body(status, self.output, request, error)
         return [*events, self.event(TERMINAL[status], response=body)], body
 
     def fail(self, error: APIError) -> tuple[list[bytes], dict[str, Any]]:
@@ -192,7 +192,7 @@ async def response_events(
             if out.finished:
                 break
             out = await anext(choice.outputs)
-        last, body = events.finish(out.seq)
+        last, body = events.finish(out.state)
     except Exception as exc:
         last, body = events.fail(stream_failure(exc, frame.id))
     done(body)

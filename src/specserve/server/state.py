@@ -6,6 +6,7 @@ draining (SIGTERM: new generation requests get 503) → stopped.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -13,18 +14,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from specserve.backends.base import BackendError
+from specserve.backends.base import BackendError, Vocabulary
 from specserve.config import Settings
-from specserve.engine.async_engine import AsyncEngine
+from specserve.engine.async_engine import AsyncEngine, EngineDeadError
 from specserve.engine.builder import BuildReport, build_engine
+from specserve.engine.core import CoreHost
+from specserve.engine.core_thread import ThreadCore
 from specserve.engine.engine import SpeculativeEngine
 from specserve.sequence import SpeculationOptions
 from specserve.server import protocol as p
 from specserve.server.auth import AccessControl
 from specserve.server.errors import APIError, invalid_request, unavailable
 from specserve.server.metrics import Metrics
+from specserve.structured.grammar import GrammarCompiler
 
 log = logging.getLogger("specserve.server")
+
+STATE_TIMEOUT_S = 5.0
+"""How long a status answer waits for the engine's state."""
 
 EngineFactory = Callable[[Settings], SpeculativeEngine | tuple[SpeculativeEngine, BuildReport]]
 
@@ -64,42 +71,85 @@ class ServerState:
     def start_loading(self) -> None:
         threading.Thread(target=self.load, name="specserve-loader", daemon=True).start()
 
-    def _build(self) -> tuple[SpeculativeEngine, BuildReport | None]:
+    def _start(self) -> tuple[CoreHost, Vocabulary, GrammarCompiler, BuildReport | None]:
+        """The engine core, in a process of its own unless the settings say otherwise or the engine was
+        given (tests); and this process's vocabulary and grammar compiler."""
         factory = self._factory
+        if factory is None and self.settings.engine_process:
+            from specserve.backends.vocabulary import open_vocabulary
+            from specserve.engine.core_process import ProcessCore
+
+            process = ProcessCore.start(self.settings)
+            try:
+                vocabulary = open_vocabulary(process.target_path)
+            except BaseException:
+                process.close()
+                raise
+            return (
+                process,
+                vocabulary,
+                GrammarCompiler(vocabulary, process.facts.info.vocab_size),
+                process.report,
+            )
         if isinstance(factory, SpeculativeEngine):
-            return factory, None
-        result = (factory or build_engine)(self.settings)
-        return result if isinstance(result, tuple) else (result, None)
+            engine, report = factory, None
+        else:
+            result = (factory or build_engine)(self.settings)
+            engine, report = result if isinstance(result, tuple) else (result, None)
+        return ThreadCore(engine), engine.target, engine.grammars, report
 
     def load(self) -> None:
-        """Build the engine here and now (start_loading does it on a thread)."""
+        """Start the engine here and now (start_loading does it on a thread)."""
         try:
-            engine, report = self._build()
+            core, vocabulary, grammars, report = self._start()
         except Exception as exc:
+            from specserve.engine.core_process import EngineLoadError
             from specserve.models import ModelStoreError
 
             expected = isinstance(exc, BackendError | ModelStoreError | ValueError)  # no traceback needed
-            log.error("loading the models failed: %s", exc, exc_info=not expected)
-            self.reason = f"loading the models failed: {exc}"
+            if isinstance(exc, EngineLoadError):  # the engine process logged it
+                self.reason, expected = str(exc), True
+            else:
+                log.error("loading the models failed: %s", exc, exc_info=not expected)
+                self.reason = f"loading the models failed: {exc}"
             self.status = "failed"
             if self.on_failure is not None:
                 self.on_failure(exc)
             return
         try:  # llguidance's view of the vocabulary (about 1 s for 150k tokens), before ready, not on the
-            engine.grammars.tokenizer()  # first structured request
+            grammars.tokenizer()  # first structured request
         except Exception as exc:  # structured outputs then fail alone, with their own error
             log.warning("the grammar engine could not read the vocabulary: %s", exc)
         with self._lock:
             if self._closed:  # shut down while loading
-                engine.close()
+                core.close()
                 return
             self.report = report
-            self.engine = AsyncEngine(engine, self.settings.max_waiting)
+            self.engine = AsyncEngine(core, vocabulary, grammars, self.settings.max_waiting)
+            self.engine.on_death = self._engine_died
             self.metrics.attach(self.engine, lambda: bool(self.degraded_reasons()))
             self.status, self.reason = "ready", "ready"
-        log.info("ready: %s with drafters %s", self.model_id, ", ".join(engine.drafters) or "none")
+        drafters = ", ".join(self.engine.loaded_drafters()) or "none"
+        log.info("ready: %s with drafters %s", self.model_id, drafters)
         for reason in self.degraded_reasons():
             log.warning("degraded: %s", reason)
+
+    async def refresh_engine_state(self) -> None:
+        """Fetch the engine's counters and drafters (between two of its steps) for a status answer; a
+        stopped or stalled engine leaves them as last fetched."""
+        if self.engine is not None:
+            with contextlib.suppress(EngineDeadError, TimeoutError, RuntimeError):
+                await self.engine.refresh(STATE_TIMEOUT_S)
+
+    def _engine_died(self, error: BaseException) -> None:
+        """The engine core stopped while serving: not ready from now on, and the server exits non-zero
+        (its supervisor restarts it; requests in flight got a 503 or an error event)."""
+        with self._lock:
+            if self._closed:
+                return
+            self.status, self.reason = "failed", f"the engine stopped: {error}"
+        if self.on_failure is not None:
+            self.on_failure(error)
 
     def degraded_reasons(self) -> list[str]:
         """Why speculation runs with less than configured: a draft model not loaded, a drafter disabled."""

@@ -27,8 +27,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from specserve.engine.async_engine import AsyncEngine
-from specserve.engine.engine import RequestOutput
-from specserve.sequence import Sequence
+from specserve.engine.output_processor import RequestOutput, RequestState
 from specserve.server.chunks import ChunkFormat, sse
 from specserve.server.errors import APIError, from_engine_error, internal_error
 from specserve.server.middleware import note_stream_error
@@ -90,7 +89,7 @@ def _choice_events(fmt: ChunkFormat, index: int, state: _ChoiceStream, out: Requ
     events = []
     if not state.started:
         state.started = True
-        if (prompt := fmt.prompt_chunk(index, out.seq)) is not None:
+        if (prompt := fmt.prompt_chunk(index, out.state)) is not None:
             events.append(sse(prompt))
     if text or (out.finished and state.pending):
         offset = len(fmt.prompt.echo(index)) + state.sent
@@ -102,8 +101,10 @@ def _choice_events(fmt: ChunkFormat, index: int, state: _ChoiceStream, out: Requ
         events.append(sse(fmt.tool_delta(index, one_entry_per_call(calls))))
         state.calls += len(calls)
     if out.finished:
-        reason = "tool_calls" if state.calls and out.seq.finish_reason == "stop" else out.seq.finish_reason
-        events.append(sse(fmt.finish(index, reason, out.seq.stats.as_dict())))
+        reason = (
+            "tool_calls" if state.calls and out.state.finish_reason == "stop" else out.state.finish_reason
+        )
+        events.append(sse(fmt.finish(index, reason, out.state.stats.as_dict())))
     return events
 
 
@@ -114,41 +115,75 @@ async def stream_events(
 
     Until an output arrives (waiting for a slot, then the prompt's prefill) an SSE comment every
     ``keepalive`` seconds keeps clients and proxies with idle timeouts from dropping the request."""
-    queue: asyncio.Queue[tuple[int, RequestOutput | BaseException]] = asyncio.Queue()
-    pumps = [asyncio.create_task(_pump(c, queue)) for c in choices]
     states = [_ChoiceStream(parser=fmt.tools.streaming() if fmt.tools else None) for _ in choices]
-    seqs: list[Sequence | None] = [None] * len(choices)
-    done = [False] * len(choices)  # from the outputs: a Sequence is the engine thread's, ahead of the stream
+    requests: list[RequestState | None] = [None] * len(choices)
+    items = _outputs(choices, keepalive)
     try:
         for choice in choices:
             opening = fmt.opening(choice.index)
             if opening is not None:
                 yield sse(opening)
-        while not all(done):
-            if all(state.started for state in states):  # no timer per token once every choice streams
+        async for item in items:
+            if item is None:
+                yield KEEPALIVE
+                continue
+            index, out = item
+            events = _choice_events(fmt, index, states[index], out)
+            if events:  # one send per output (none for one that shows nothing yet: a cut character)
+                yield b"".join(events)
+            requests[index] = out.state
+        if fmt.include_usage:
+            yield sse(fmt.usage([s for s in requests if s is not None]))
+    except Exception as exc:
+        yield sse(stream_failure(exc, fmt.id).body(), ascii_only=True)
+    finally:
+        await items.aclose()  # off the choices' generators before they are closed
+    yield DONE
+
+
+async def _outputs(
+    choices: list[Choice], keepalive: float
+) -> AsyncGenerator[tuple[int, RequestOutput] | None, None]:
+    """Every output of every choice, as ``(index, output)`` in the order they come, until each has its
+    last; ``None`` each ``keepalive`` seconds that nothing came before every choice's first output. One
+    choice is read directly (no task or queue between its outputs and the stream); several through one
+    queue that a task per choice fills."""
+    if len(choices) == 1:
+        [choice] = choices
+        while not choice.first.done():
+            await asyncio.wait({choice.first}, timeout=keepalive)  # a timer until the first output only
+            if not choice.first.done():
+                yield None
+        out = choice.first.result()
+        yield choice.index, out
+        while not out.finished:
+            out = await anext(choice.outputs)
+            yield choice.index, out
+        return
+    queue: asyncio.Queue[tuple[int, RequestOutput | BaseException]] = asyncio.Queue()
+    pumps = [asyncio.create_task(_pump(c, queue)) for c in choices]
+    started, done = set[int](), set[int]()
+    try:
+        while len(done) < len(choices):
+            if len(started) == len(choices):  # no timer per output once every choice streams
                 index, item = await queue.get()
             else:
                 try:
                     async with asyncio.timeout(keepalive):
                         index, item = await queue.get()
                 except TimeoutError:
-                    yield KEEPALIVE
+                    yield None
                     continue
             if isinstance(item, BaseException):
                 raise item
-            events = _choice_events(fmt, index, states[index], item)
-            if events:  # one send per output (none for one that shows nothing yet: a cut character)
-                yield b"".join(events)
-            seqs[index], done[index] = item.seq, item.finished
-        if fmt.include_usage:
-            yield sse(fmt.usage([s for s in seqs if s is not None]))
-    except Exception as exc:
-        yield sse(stream_failure(exc, fmt.id).body(), ascii_only=True)
+            started.add(index)
+            if item.finished:
+                done.add(index)
+            yield index, item
     finally:
         for pump in pumps:
             pump.cancel()
-        await asyncio.gather(*pumps, return_exceptions=True)  # off the generators before they are closed
-    yield DONE
+        await asyncio.gather(*pumps, return_exceptions=True)
 
 
 def stream_failure(exc: Exception, response_id: str) -> APIError:

@@ -26,6 +26,14 @@ class TokenLogprobs:
     several tokens tied at the last place makes the list is unspecified)."""
 
 
+@dataclass(frozen=True)
+class PromptLogprob:
+    """One prompt token's logprobs, and its rank in its row (1: the target's most likely token)."""
+
+    entry: TokenLogprobs
+    rank: int
+
+
 def token_logprobs(
     rows: Any,  # [len(token_ids), vocab] numpy float32 or a torch tensor: row i chose token_ids[i]
     token_ids: Sequence[int],

@@ -37,9 +37,10 @@ from specserve.backends.torch.graphs import GraphRunner
 from specserve.backends.torch.kv_cache import KVCache
 from specserve.backends.torch.model import Decoder, Kernels
 from specserve.backends.torch.row_attention import choose_row_attention
-from specserve.backends.torch.setup import check_model, open_vocabulary, resolve_dtype
+from specserve.backends.torch.setup import check_model, resolve_dtype
 from specserve.backends.torch.step_inputs import build_row_step, build_step
 from specserve.backends.torch.weights import load_decoder, open_weights
+from specserve.backends.vocabulary import open_vocabulary
 
 log = logging.getLogger("specserve.torch")
 

@@ -4,7 +4,6 @@ vocabulary of a checkpoint or GGUF."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -47,15 +46,3 @@ def check_model(model: Decoder, dtype: torch.dtype, device: torch.device, positi
         raise ModelLoadError(
             f"the model's RoPE table covers {model.rope_cos.shape[0]} positions, not {positions}"
         )
-
-
-def open_vocabulary(path: Path) -> Any:
-    """The tokenizer of a checkpoint directory (Hugging Face ``tokenizers``) or of a GGUF (llama.cpp's,
-    vocabulary only: the same tokens as the llama.cpp runtime gives)."""
-    if path.is_dir():
-        from specserve.backends.torch.hf_vocab import HFVocabulary
-
-        return HFVocabulary(path)
-    from specserve.backends.llama_cpp_vocab import LlamaCppVocabulary
-
-    return LlamaCppVocabulary(path)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specserve.backends.base import detokenize
 from specserve.chat import chat_prompt_ids
 from specserve.config import PolicyChoice, Settings
 from specserve.engine.builder import load_models
@@ -184,7 +185,8 @@ def run_engine_bench(
             for mode_name, seq in finished.items():
                 cell = result.cells.setdefault(item["kind"], {}).setdefault(mode_name, Cell())
                 speed = cell.add(seq, seq.output_ids == plain_ids)
-                cell.valid += int("schema" in item and _validates(seq.text, item["schema"]))
+                text = detokenize(models.target, seq.output_ids)  # no stop strings here
+                cell.valid += int("schema" in item and _validates(text, item["schema"]))
                 stats = seq.stats
                 progress(
                     f"[{r * len(prompts) + i + 1}/{len(rounds)}] {item['kind']:8} {mode_name:12} "

@@ -31,6 +31,7 @@ from specserve.drafters.base import Drafter, DraftOption
 from specserve.engine.builder import DEFAULT_MARGIN, LoadedModels
 from specserve.engine.cost_model import CostModel
 from specserve.engine.draft_policy import DraftLengthPolicy, DraftPlan
+from specserve.engine.output_processor import RequestState
 from specserve.request import SamplingParams
 from specserve.sequence import Sequence
 from specserve.tools.rollout.inprocess import generate, prompt_ids
@@ -86,7 +87,7 @@ class Tally:
     seconds: float = 0.0
     steps: list[tuple[str, int, int]] = field(default_factory=list)
 
-    def add(self, seq: Sequence, steps: list[tuple[str, int, int]]) -> None:
+    def add(self, seq: RequestState, steps: list[tuple[str, int, int]]) -> None:
         assert seq.first_token_time is not None and seq.finish_time is not None
         self.decode_tokens += max(len(seq.output_ids) - 1, 0)
         self.seconds += seq.finish_time - seq.first_token_time

@@ -18,8 +18,9 @@ from specserve.chat import chat_prompt_ids
 from specserve.config import Settings
 from specserve.engine.builder import LoadedModels, open_runtime
 from specserve.engine.draft_policy import DraftLengthPolicy, FixedLengthPolicy
+from specserve.engine.offline import OfflineEngine
+from specserve.engine.output_processor import RequestState
 from specserve.request import SamplingParams
-from specserve.sequence import Sequence
 from specserve.tools.workloads import ToolInputError
 
 Runtime = ModelRuntime[Any]
@@ -40,16 +41,15 @@ def generate(
     drafters: tuple[str, ...] = (),
     num_draft_tokens: int = 0,
     policy: DraftLengthPolicy | None = None,
-) -> Sequence:
+) -> RequestState:
     """One request alone on a fresh engine; ``drafters=()`` is plain decoding."""
-    engine = models.engine(drafters, policy or FixedLengthPolicy(), num_draft_tokens)
+    engine = OfflineEngine(models.engine(drafters, policy or FixedLengthPolicy(), num_draft_tokens))
     try:
-        seq = engine.add_request("inprocess-0", ids, params)
+        request = engine.add_request("inprocess-0", ids, params)
     except ValueError as exc:  # the prompt does not fit the context
         raise ToolInputError(str(exc)) from None
-    while engine.has_work():
-        engine.step()
-    return seq  # not engine.close(): that would close the shared runtimes
+    engine.run()
+    return request  # not engine.close(): that would close the shared runtimes
 
 
 def open_reference(settings: Settings, path: str) -> Runtime:
