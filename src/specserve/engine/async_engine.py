@@ -54,6 +54,35 @@ class RequestFailedError(Exception):
 _Item = RequestOutput | BaseException
 
 
+class _Outputs:
+    """One request's outputs on their way to its consumer. While the consumer is behind, a new output is
+    merged into the one waiting (vLLM's RequestOutputCollector): a stream that could not keep up with the
+    steps sends their tokens in one event and one write, instead of falling further behind one write at a
+    time. An error replaces whatever waits (the request ends with it)."""
+
+    __slots__ = ("_item", "_waiter")
+
+    def __init__(self) -> None:
+        self._item: _Item | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, item: _Item) -> None:
+        waiting = self._item
+        if isinstance(item, RequestOutput) and isinstance(waiting, RequestOutput):
+            waiting.merge(item)
+        elif not isinstance(waiting, BaseException):
+            self._item = item
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def get(self) -> _Item:
+        while self._item is None:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        item, self._item = self._item, None
+        return item
+
+
 class AsyncEngine:
     """An engine core (on a thread or in a process) with an async, per-request output stream."""
 
@@ -77,7 +106,7 @@ class AsyncEngine:
         self.on_death: Callable[[BaseException], None] | None = None
         self._core = core
         self._outputs = OutputProcessor(vocabulary.token_bytes)
-        self._queues: dict[str, asyncio.Queue[_Item]] = {}
+        self._queues: dict[str, _Outputs] = {}
         self._num_running = 0
         core.events = self
 
@@ -119,7 +148,7 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         self._core.attach(loop)
         state = self._outputs.add(request_id, prompt_ids, params, time.perf_counter())
-        outputs: asyncio.Queue[_Item] = asyncio.Queue()
+        outputs = _Outputs()
         self._queues[request_id] = outputs
         try:
             self._core.submit(
@@ -132,7 +161,7 @@ class AsyncEngine:
         expiry = None
         if timeout is not None:
             error = RequestTimeoutError(f"request exceeded its {timeout:g} s timeout")
-            expiry = loop.call_later(timeout, outputs.put_nowait, error)
+            expiry = loop.call_later(timeout, outputs.put, error)
         finished = False
         try:
             while True:
@@ -177,7 +206,7 @@ class AsyncEngine:
             result = self._outputs.process(out)
             queue = queues.pop(out.request_id, None) if out.finished else queues.get(out.request_id)
             if result is not None and queue is not None:
-                queue.put_nowait(result)
+                queue.put(result)
         stops = self._outputs.take_stops()
         if stops and self.error is None:
             self._core.abort(stops, "stop")
@@ -187,7 +216,7 @@ class AsyncEngine:
             queue = self._queues.get(request_id)
             self._forget(request_id)
             if queue is not None:
-                queue.put_nowait(EngineDeadError(str(error)))
+                queue.put(EngineDeadError(str(error)))
         self._num_running = 0
         if self.on_death is not None:
             self.on_death(error)

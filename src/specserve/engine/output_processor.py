@@ -79,6 +79,14 @@ class RequestOutput:
     def request_id(self) -> str:
         return self.state.request_id
 
+    def merge(self, later: RequestOutput) -> None:
+        """Take in the request's next output, as if one step had brought both (a consumer that is behind
+        gets them together: the text, ids and logprobs joined are the same)."""
+        self.new_token_ids += later.new_token_ids
+        self.text_delta += later.text_delta
+        self.new_logprobs += later.new_logprobs
+        self.finished = later.finished
+
 
 class OutputProcessor:
     """The states of the requests in flight; ``process`` turns an engine output into a request output."""
