@@ -19,6 +19,7 @@ import argparse
 import json
 import platform
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model = tiny_model(out / "models")
+    model = tiny_model(Path(tempfile.mkdtemp(prefix="host-overhead-")))  # not beside the report
     sections = set(args.sections.split(","))
     report: dict[str, Any] = {
         "cpu": cpu_facts(),

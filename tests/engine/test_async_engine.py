@@ -10,14 +10,19 @@ from typing import Any
 import pytest
 
 from specserve.backends.llama_cpp import LlamaCppRuntime
-from specserve.engine.async_engine import AsyncEngine, RequestTimeoutError
+from specserve.engine.async_engine import AsyncEngine, RequestFailedError, RequestTimeoutError, _Outputs
 from specserve.engine.builder import flat_costs
 from specserve.engine.core_thread import ThreadCore
 from specserve.engine.cost_model import CostModel
 from specserve.engine.draft_policy import FixedLengthPolicy
 from specserve.engine.engine import SpeculativeEngine
 from specserve.engine.options import EngineOptions
+from specserve.engine.output_processor import RequestOutput, RequestState
+from specserve.engine.output_text import OutputText
 from specserve.request import SamplingParams
+from specserve.sequence import Sequence
+from specserve.verify.logprobs import TokenLogprobs
+from support.faulty_drafter import ExplodingDrafter
 from support.tiny_models import TinyModels
 
 PROMPTS = ["def add(a, b):", "class Point:", "import os\nimport sys", "for i in range(10):"]
@@ -75,3 +80,55 @@ def test_a_deadline_ends_the_request_and_frees_it(engine: AsyncEngine) -> None:
 
     asyncio.run(timed_out())
     assert engine.num_running == 0 and engine.num_waiting == 0
+
+
+def test_outputs_waiting_for_a_consumer_that_is_behind_merge() -> None:
+    """Three steps' outputs reach a consumer that was busy as one: ids, text and logprobs joined, the last
+    one's end; an error then replaces whatever waits."""
+    state = RequestState("r", [1], SamplingParams(), 0.0, OutputText(lambda t: b"x", ()))
+    first, last = TokenLogprobs(1, -0.5, ()), TokenLogprobs(4, -0.25, ())
+    waiting = _Outputs()
+    waiting.put(RequestOutput(state, [1], "a", False, [first]))
+    waiting.put(RequestOutput(state, [2, 3], "bc", False, []))
+    waiting.put(RequestOutput(state, [4], "d", True, [last]))
+    out = asyncio.run(waiting.get())
+    assert isinstance(out, RequestOutput)
+    assert (out.new_token_ids, out.text_delta, out.finished, out.new_logprobs) == (
+        [1, 2, 3, 4],
+        "abcd",
+        True,
+        [first, last],
+    )
+    waiting.put(RequestOutput(state, [5], "e", False))
+    waiting.put(RequestTimeoutError("late"))
+    waiting.put(RequestOutput(state, [6], "f", False))  # an error, once there, stays
+    assert isinstance(asyncio.run(waiting.get()), RequestTimeoutError)
+
+
+class _BeginFails(ExplodingDrafter):
+    name = "begin-fails"
+
+    def begin(self, seq: Sequence) -> None:
+        if seq.request_id == "unlucky":
+            raise RuntimeError("injected failure while taking the request")
+
+
+def test_a_failure_while_taking_a_request_fails_it_alone(tiny_models: TinyModels) -> None:
+    """Not a ValueError (a refusal, a 400) but a bug: that request fails (a 500), the engine goes on."""
+    target = LlamaCppRuntime(tiny_models.target, context_per_sequence=512, max_sequences=2, n_threads=1)
+    drafters = {"begin-fails": _BeginFails()}
+    core = SpeculativeEngine(
+        target, drafters, FixedLengthPolicy(), CostModel(flat_costs()), EngineOptions((), 0)
+    )
+    engine = AsyncEngine(ThreadCore(core), core.target, core.grammars)
+
+    async def go() -> None:
+        with pytest.raises(RequestFailedError):
+            await _tokens(engine, "unlucky", PROMPTS[0], 4)
+        assert len(await _tokens(engine, "lucky", PROMPTS[0], 4)) == 4
+
+    try:
+        asyncio.run(go())
+        assert engine.num_running == 0 and engine.num_waiting == 0
+    finally:
+        engine.close()

@@ -254,3 +254,14 @@ def test_a_denormal_temperature_is_near_greedy_not_nan_regression_engine_crash()
         probs = filter_logits_to_probs(logits, 5e-324, top_k, top_p)
         assert np.all(np.isfinite(probs)) and probs.sum() == pytest.approx(1.0)
         assert probs[0, 0] == probs[0, 3] == probs[0, 4] == 0.0  # only the tied maxima can be drawn
+
+
+def test_the_argmax_of_many_rows_split_over_two_threads_is_each_rows_own() -> None:
+    """From PARALLEL_ARGMAX_ROWS rows the argmax runs in two halves: the same ids, ties to the lowest."""
+    rng = np.random.default_rng(5)
+    logits = rng.standard_normal((33, 1000)).astype(np.float32)
+    logits[3, [10, 700]] = 50.0  # a tie in the first half
+    logits[30, [5, 6]] = 50.0  # and in the second
+    chosen = greedy_argmax(logits)
+    assert chosen.dtype == np.int64 and chosen.tolist() == [int(np.argmax(row)) for row in logits]
+    assert chosen[3] == 10 and chosen[30] == 5

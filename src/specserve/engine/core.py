@@ -166,6 +166,9 @@ class EngineCore:
                 )
             except ValueError as exc:  # a request the engine cannot take (prompt too long, bad ids)
                 self._ended.append(refused(command.request_id, str(exc)))
+            except Exception:  # a failure of ours while taking it: this request fails alone (a 500)
+                log.exception("request %s failed as the engine took it", command.request_id)
+                self._ended.append(EngineOutput(command.request_id, [], "error"))
             else:
                 seq.arrival_time = command.arrival_time
             return None

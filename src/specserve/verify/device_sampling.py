@@ -11,10 +11,10 @@ within rounding of a cumulative boundary.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from specserve.verify.sampling import TOP_P_TOLERANCE
+from specserve.verify.sampling import greedy_argmax as host_argmax
 from specserve.verify.types import PLACEHOLDER_TOKEN_ID
 
 
@@ -30,7 +30,7 @@ def greedy_argmax(
     if logits.device.type != "cpu":
         return torch.argmax(logits, dim=-1)
     host = logits.detach().float().numpy()  # float32 as it is: no copy
-    return torch.from_numpy(np.argmax(host, axis=-1).astype(np.int64))
+    return torch.from_numpy(host_argmax(host))
 
 
 def filter_logits_to_probs(

@@ -9,6 +9,8 @@ Greedy decoding never builds probabilities: it takes :func:`greedy_argmax` of th
 
 from __future__ import annotations
 
+import functools
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -109,9 +111,28 @@ def sample_inverse_cdf(
 def greedy_argmax(
     logits: npt.NDArray[np.floating[Any]],  # [..., vocab] float32
 ) -> npt.NDArray[np.int64]:  # [...] int64
-    """The most likely token along the last axis; ties go to the lowest id."""
+    """The most likely token along the last axis; ties go to the lowest id.
+
+    Many rows (a batch of verify steps: 32 rows of Qwen's 151,936 are 19 MB to read) are split in two,
+    the first half on a helper thread (numpy lets go of the GIL while it scans): 442 -> 311 us for 32 rows
+    on a 2-core Zen 4. A row's result does not depend on the split."""
+    if logits.ndim == 2 and logits.shape[0] >= PARALLEL_ARGMAX_ROWS:
+        half = logits.shape[0] // 2
+        first = _argmax_pool().submit(np.argmax, logits[:half], -1)
+        rest = np.argmax(logits[half:], axis=-1)
+        both: npt.NDArray[np.int64] = np.concatenate([first.result(), rest]).astype(np.int64)
+        return both
     token_ids: npt.NDArray[np.int64] = np.argmax(logits, axis=-1).astype(np.int64)
     return token_ids
+
+
+PARALLEL_ARGMAX_ROWS = 16
+"""From this many rows the argmax is worth a second thread's wake-up (tens of microseconds here)."""
+
+
+@functools.cache
+def _argmax_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="specserve-argmax")
 
 
 def _softmax(
