@@ -124,6 +124,32 @@ def test_shared_prefix_is_copied_from_a_running_sequence(q4_k_m: Path) -> None:
     assert b.output_ids == cold(q4_k_m, [*ids, 13, 14])
 
 
+def test_a_wave_of_requests_runs_on_consecutive_slots_and_copies_prefixes_there(q4_k_m: Path) -> None:
+    # The default pair at concurrency 4 ran its second wave on slots 0, 1, 4, 5: two prompts took their
+    # cached prefixes in place, the other two the empty slots, and every step became two llama.cpp passes.
+    with make_engine(q4_k_m, slots=8) as engine:
+        prompts = [engine.target.tokenize(f"# part {i}\n" + TEXT) for i in range(4)]
+        first = [engine.add_request(f"w1-{i}", ids, GREEDY) for i, ids in enumerate(prompts)]
+        while engine.has_work():
+            engine.step()
+        assert sorted(s.slot for s in first) == [0, 1, 2, 3]
+        fresh = [engine.target.tokenize(f"{word} " * 40) for word in ("apple", "pear")]
+        second = [
+            engine.add_request("w2-a", [*prompts[0], 7], GREEDY),
+            engine.add_request("w2-b", [*prompts[1], 8], GREEDY),
+            engine.add_request("w2-c", fresh[0], GREEDY),
+            engine.add_request("w2-d", fresh[1], GREEDY),
+        ]
+        engine.step()
+        slots = sorted(s.slot for s in second)
+        assert slots == list(range(slots[0], slots[0] + 4))
+        assert engine.target.call_rows([1] * 4, slots) == [4]  # one pass
+        assert second[0].cached_tokens == len(prompts[0]) and second[1].cached_tokens == len(prompts[1])
+        while engine.has_work():
+            engine.step()
+    assert second[1].output_ids == cold(q4_k_m, [*prompts[1], 8])
+
+
 def test_evicted_prefix_comes_back_from_host_ram(q4_k_m: Path) -> None:
     with make_engine(q4_k_m, slots=1) as engine:
         ids = engine.target.tokenize(TEXT)

@@ -124,7 +124,8 @@ class PrefixCache:
     # -- admission --------------------------------------------------------------------------------
 
     def admit(self, seq: Sequence, free_slots: Seq[int]) -> int:
-        """Choose ``seq``'s slot among ``free_slots`` and fill it with its longest cached prefix.
+        """Choose ``seq``'s slot among ``free_slots`` (the free slots the scheduler offers: those beside the
+        running sequences) and fill it with its longest cached prefix, in place or copied from another slot.
 
         Sets ``seq.num_computed`` and ``seq.cached_tokens``; returns the slot. The cache never fails a
         request: if admission breaks (a bug), the request runs cold in an emptied slot."""

@@ -35,8 +35,9 @@ class Scheduler:
         prefill_budget: int = 256,
         admit: Callable[[Sequence, Seq[int]], int] | None = None,
     ) -> None:
-        """``admit(seq, free_slots)`` picks the slot of a sequence leaving the queue (and may fill its KV, as
-        the prefix cache does); by default the most recently freed slot."""
+        """``admit(seq, choices)`` picks the slot of a sequence leaving the queue among the free slots
+        :meth:`slot_choices` offers (and may fill its KV, as the prefix cache does); by default the most
+        recently freed of them."""
         if max_running < 1:
             raise ValueError("max_running must be >= 1")
         self.max_running = max_running
@@ -61,7 +62,8 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         while self.waiting and self._free_slots:
             seq = self.waiting.popleft()
-            seq.slot = self._admit(seq, self._free_slots) if self._admit else self._free_slots[-1]
+            choices = self.slot_choices()
+            seq.slot = self._admit(seq, choices) if self._admit else choices[-1]
             self._free_slots.remove(seq.slot)
             seq.status = SequenceStatus.RUNNING
             seq.scheduled_time = time.perf_counter()
@@ -81,6 +83,21 @@ class Scheduler:
         if not batch.decodes and not batch.prefills and self.running:
             raise AssertionError("running sequences but nothing scheduled")
         return batch
+
+    def slot_choices(self) -> list[int]:
+        """The free slots beside the most running sequences' slots (in the free list's order).
+
+        llama.cpp evaluates a call as one pass over the weights per run of consecutive sequence ids
+        (backends/llama_cpp_passes.py), so a sequence admitted next to the others keeps a step one pass: four
+        one-token sequences on slots 0, 1, 4, 5 took 114 ms a step on a Zen 4, on 0-3 91 ms. The prefix cache
+        copies a cached prefix into the chosen slot rather than run from the slot that holds it elsewhere."""
+        busy = {seq.slot for seq in self.running}
+
+        def neighbours(slot: int) -> int:
+            return (slot - 1 in busy) + (slot + 1 in busy)
+
+        most = max(neighbours(slot) for slot in self._free_slots)
+        return [slot for slot in self._free_slots if neighbours(slot) == most]
 
     def release(self, seq: Sequence) -> None:
         """Remove a finished or aborted sequence and free its slot."""
