@@ -38,10 +38,13 @@ fi
 target=$($S models pull qwen2.5-coder-1.5b-instruct | sed 's/^[^:]*: //')
 "$stock/llama-server" -m "$target" --port "$PEER_PORT" -np 8 -c 32768 --poll 0 >/dev/null 2>&1 &
 peer=$!
+server=""
+trap 'kill $peer $server 2>/dev/null || true' EXIT
+# One after the other: specserve measures (or probes) its cost table while it loads, and a llama-server
+# loading beside it would skew what it measures.
+until curl -sf "http://127.0.0.1:$PEER_PORT/health" >/dev/null; do sleep 2; done
 $S serve --port "$PORT" --max-running 8 --log-level warning &
 server=$!
-trap 'kill $peer $server 2>/dev/null || true' EXIT
-until curl -sf "http://127.0.0.1:$PEER_PORT/health" >/dev/null; do sleep 2; done
 until curl -sf "http://127.0.0.1:$PORT/ready" >/dev/null; do sleep 2; done
 $S bench --url "http://127.0.0.1:$PORT" --output-dir "$OUT/default-pair" --compare-spec \
   --peer-url "llama-server=http://127.0.0.1:$PEER_PORT" \

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from specserve.tools.loadgen.client import RequestResult, normalize_base_url
+from specserve.tools.loadgen.bench import compare_targets
+from specserve.tools.loadgen.client import RequestParams, RequestResult, chat_body, normalize_base_url
 from specserve.tools.loadgen.report import cell_record
 from specserve.tools.loadgen.runner import CellRun
 from specserve.tools.loadgen.server_metrics import parse_spec_counters
@@ -55,3 +56,15 @@ def test_cell_record_percentiles_and_sums() -> None:
     assert record["tokens_per_second_p50"] == pytest.approx(10 / 0.9, rel=1e-3)
     assert record["itl_p50"] == pytest.approx(400.0)
     assert record["error_messages"] == ["HTTP 500: boom"]
+
+
+def test_speculation_on_and_off_are_two_tenants_of_one_run() -> None:
+    # The modes take turns on the same prompts: as one tenant, `on` copied `off`'s greedy answer from the
+    # suffix drafter's cache (acceptance 100 % on a workload nothing else repeats).
+    on, off = compare_targets("http://h:1", "m", {"enabled": True})
+    salts = {chat_body(t, "hi", RequestParams())["cache_salt"] for t in (on, off)}
+    assert len(salts) == 2 and all(salts)
+    (again, _) = compare_targets("http://h:1", "m", {"enabled": True})
+    assert again.tenant != on.tenant  # and no run drafts from an earlier run's answers
+    assert chat_body(on, "hi", RequestParams(), {"cache_salt": "x"})["cache_salt"] == "x"
+    assert off.extension == {"enabled": False} and on.extension == {"enabled": True}

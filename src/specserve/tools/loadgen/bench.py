@@ -1,7 +1,9 @@
 """``specserve bench --url``: set up the servers, pick the modes, run the load, build the report.
 
 Our server (it answers with a ``speculative`` object) is switched per request with the request extension:
-mode ``on`` sends ``speculative: {"enabled": true, …}``, ``off`` sends ``{"enabled": false}``. Any other
+mode ``on`` sends ``speculative: {"enabled": true, …}``, ``off`` sends ``{"enabled": false}``, each as a
+tenant of its own (``cache_salt``): the modes take turns on the same prompts, and ``on`` would otherwise
+copy ``off``'s answer from the suffix drafter's cache and reuse its prompt's KV. Any other
 server (``peer``, or detected by the missing ``speculative`` object) gets plain OpenAI requests only, in
 one mode, ``default``; ``peers`` adds more servers, each a mode of its own name, measured in the same
 interleaved run (e.g. llama.cpp's ``llama-server -m target -md draft``).
@@ -9,6 +11,7 @@ interleaved run (e.g. llama.cpp's ``llama-server -m target -md draft``).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +63,15 @@ def spec_extension(drafter: str | None, num_draft_tokens: int | None) -> dict[st
     return extension
 
 
+def compare_targets(base: str, model: str, extension: dict[str, Any]) -> list[Target]:
+    """Modes ``on`` and ``off`` of one specserve server, each its own tenant for this run."""
+    run = uuid.uuid4().hex[:12]
+    return [
+        Target("on", base, model, extension, tenant=f"bench-on-{run}"),
+        Target("off", base, model, {"enabled": False}, tenant=f"bench-off-{run}"),
+    ]
+
+
 def parse_peers(values: list[str]) -> list[tuple[str, str]]:
     """``NAME=URL`` values → (mode name, base URL); a malformed or taken name is a ToolInputError."""
     peers: list[tuple[str, str]] = []
@@ -89,7 +101,7 @@ async def run_http_bench(options: HttpBenchOptions, progress: Progress) -> dict[
                 "(measure another server as its own mode with --peer-url NAME=URL)"
             )
         targets = (
-            [Target("on", base, model, options.extension), Target("off", base, model, {"enabled": False})]
+            compare_targets(base, model, options.extension)
             if options.compare_spec
             else [Target("default", base, model)]
         )

@@ -48,6 +48,9 @@ class Target:
     model: str
     extension: dict[str, Any] | None = None
     """The ``speculative`` request object, or None to send a plain OpenAI request."""
+    tenant: str | None = None
+    """``cache_salt`` of every request (specserve, vLLM): two modes of one server as two tenants, so that
+    neither mode's prefix-cache hits nor its suffix drafts come from the other's answers to a prompt."""
 
 
 @dataclass(frozen=True)
@@ -170,24 +173,7 @@ class BenchClient:
     ) -> RequestResult:
         """Stream one chat completion (a user prompt, or whole messages); failures are recorded in the
         result, never raised. ``extra`` adds body fields (e.g. ``cache_salt``)."""
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        body: dict[str, Any] = {
-            **(extra or {}),
-            "model": target.model,
-            "messages": messages,
-            "max_tokens": params.max_tokens,
-            "temperature": params.temperature,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-        if params.seed is not None:
-            body["seed"] = params.seed
-        if params.top_k is not None:
-            body["top_k"] = params.top_k
-        if params.ignore_eos:
-            body["ignore_eos"] = True
-        if target.extension is not None:
-            body["speculative"] = target.extension
+        body = chat_body(target, prompt, params, extra)
         result = RequestResult(target.mode, time.perf_counter())
         try:
             await self._stream(f"{target.base_url}/v1/chat/completions", body, result)
@@ -247,3 +233,32 @@ def _error_message(raw: bytes) -> str:
         return str(error.get("message", error)) if isinstance(error, dict) else str(error)
     except (ValueError, KeyError, TypeError):
         return raw.decode(errors="replace")[:200]
+
+
+def chat_body(
+    target: Target,
+    prompt: str | list[dict[str, str]],
+    params: RequestParams,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The streamed chat request ``Client.chat`` sends (``extra``'s fields override the target's tenant)."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    body: dict[str, Any] = {
+        **({"cache_salt": target.tenant} if target.tenant else {}),
+        **(extra or {}),
+        "model": target.model,
+        "messages": messages,
+        "max_tokens": params.max_tokens,
+        "temperature": params.temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if params.seed is not None:
+        body["seed"] = params.seed
+    if params.top_k is not None:
+        body["top_k"] = params.top_k
+    if params.ignore_eos:
+        body["ignore_eos"] = True
+    if target.extension is not None:
+        body["speculative"] = target.extension
+    return body
