@@ -85,7 +85,7 @@ class Scheduler:
         return batch
 
     def slot_choices(self) -> list[int]:
-        """The free slots beside the most running sequences' slots (in the free list's order).
+        """The free slots beside the most running sequences' slots (in the free list's order; none when full).
 
         llama.cpp evaluates a call as one pass over the weights per run of consecutive sequence ids
         (backends/llama_cpp_passes.py), so a sequence admitted next to the others keeps a step one pass: four
@@ -96,7 +96,7 @@ class Scheduler:
         def neighbours(slot: int) -> int:
             return (slot - 1 in busy) + (slot + 1 in busy)
 
-        most = max(neighbours(slot) for slot in self._free_slots)
+        most = max((neighbours(slot) for slot in self._free_slots), default=0)
         return [slot for slot in self._free_slots if neighbours(slot) == most]
 
     def release(self, seq: Sequence) -> None:
