@@ -73,7 +73,7 @@ async def _run(engine: AsyncEngine, name: str, prompt: str, params: SamplingPara
 
 
 def test_every_requests_ids_of_a_step_come_in_one_message(engine: AsyncEngine) -> None:
-    """Four requests decode together; each gets what it gets alone, in about one message per step."""
+    """Four requests decode together; each gets what it gets alone, in one message per step."""
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     plain = SpeculationOptions(enabled=False)
     alone = [
@@ -95,7 +95,9 @@ def test_every_requests_ids_of_a_step_come_in_one_message(engine: AsyncEngine) -
         engine.step_observers.remove(messages.append)
     outputs = sum(len(m.outputs) for m in messages)
     assert outputs >= 4 * 24 // 2  # (a step's first outputs may hold no text, but every id arrives)
-    assert len(messages) <= 24 + 8, f"{len(messages)} messages for {outputs} outputs in about 24 steps"
+    for m in messages:  # one message per step: each request once, and every request still running in it
+        names = [o.request_id for o in m.outputs]
+        assert len(set(names)) == len(names) >= m.num_running, m
     assert engine.num_running == 0 and engine.num_waiting == 0
 
 
@@ -169,9 +171,12 @@ def test_a_dead_engine_process_fails_the_requests_in_flight(tiny_models: TinyMod
     async def go() -> None:
         params = SamplingParams(max_tokens=3000, ignore_eos=True)
         with pytest.raises(EngineDeadError, match="exited with status -9"):
-            async for out in engine.generate("long", [1, 2, 3], params):
-                if len(out.state.output_ids) == 1:
+            # Killed on the first output whatever its size: outputs merge while this reader is behind, so
+            # waiting for exactly one id could miss the moment and let the request finish.
+            async for _ in engine.generate("long", [1, 2, 3], params):
+                if core.process.poll() is None:
                     os.kill(core.process.pid, signal.SIGKILL)
+                    core.process.wait()
         with pytest.raises(EngineDeadError):
             async for _ in engine.generate("next", [1, 2, 3], params):
                 pass

@@ -41,9 +41,13 @@ def one_request(replica: EngineReplica, after_first: Callable[[], None] = lambda
     assert engine is not None
 
     async def go() -> None:
-        params = SamplingParams(max_tokens=2000, ignore_eos=True)
-        async for out in engine.generate("r1", [1, 2, 3, 4], params):
-            if len(out.state.output_ids) == 1:
+        # Nearly the whole context, so the kill lands long before the last token; the hook runs on the first
+        # output whatever its size (outputs merge while this reader is behind, so it may carry several ids).
+        params = SamplingParams(max_tokens=4000, ignore_eos=True)
+        first = True
+        async for _ in engine.generate("r1", [1, 2, 3, 4], params):
+            if first:
+                first = False
                 after_first()
 
     asyncio.run(go())
