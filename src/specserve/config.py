@@ -22,6 +22,14 @@ DrafterName = Literal["ngram", "suffix", "draft-model", "dflash2"]
 DrafterChoice = Literal["auto", "none", DrafterName]
 """A drafter setting: one drafter, ``auto`` (the cost policy chooses among the loaded ones) or ``none``."""
 PolicyChoice = Literal["cost", "fixed"]
+SUFFIX_DEPTH = 128
+"""The suffix drafter's default depth: the longest match it measures, which also caps its confidence
+(a match of L tokens is estimated followed at L / (L + 3.5): 0.90 at 32, 0.97 at 128). Where an extra verify
+row costs nearly a step (AMD EPYC Zen 4, 2 cores: 17 rows cost 8.7 one-token steps) no draft estimated at
+0.90 a token pays, and at 32 specserve drafted nothing on prompts it had answered before (1.00x where
+llama-server's ngram-mod ran 1.63x; docs/BENCHMARKS.md, issue 30's third measurement). ArcticInference's
+suffix tree is 64 deep; at 64 the 2-token probe that starts a request's drafting clears the policy's margin
+by under 3 % on that curve (a noisy table closes it), at 128 by 5 %."""
 BackendChoice = Literal["auto", "llama.cpp", "torch"]
 """The runtime: llama.cpp (GGUF on the CPU), specserve's own torch runtime, or ``auto``: torch when a CUDA
 GPU is visible (or the target is a checkpoint directory), llama.cpp otherwise."""
@@ -111,7 +119,7 @@ class Settings:
     )
     ngram_min_n: int = _speculation(2, "Shortest suffix the n-gram drafter looks up.")
     suffix_depth: int = _speculation(
-        32, "Longest context suffix the suffix drafter matches (its tree depth), in tokens."
+        SUFFIX_DEPTH, "Longest context suffix the suffix drafter matches (its tree depth), in tokens."
     )
     suffix_factor: float = _speculation(
         1.0, "The suffix drafter drafts at most this many tokens per token of matched suffix."

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specserve.backends.base import ModelRuntime
-from specserve.config import DrafterName
+from specserve.config import SUFFIX_DEPTH, DrafterName
 from specserve.drafters.base import Drafter, DrafterError
 
 
@@ -33,7 +33,7 @@ class DrafterContext:
     """A DFlash2 / DFlash checkpoint directory (``--draft DIR``)."""
     draft_block_size: int | None = None
     candidate_topk: int | None = None
-    suffix_depth: int = 32
+    suffix_depth: int = SUFFIX_DEPTH
     suffix_factor: float = 1.0
     suffix_min_prob: float = 0.1
     suffix_cache_requests: int = 256

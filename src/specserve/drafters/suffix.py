@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
+from specserve.config import SUFFIX_DEPTH
 from specserve.drafters.base import Drafter, DraftOption, Proposal
 from specserve.drafters.ngram import match_bucket
 from specserve.drafters.registry import DrafterContext
@@ -58,7 +59,7 @@ class SuffixDrafter(Drafter):
 
     def __init__(
         self,
-        depth: int = 32,
+        depth: int = SUFFIX_DEPTH,
         factor: float = 1.0,
         min_prob: float = 0.1,
         cache_requests: int = 256,
