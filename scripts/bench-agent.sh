@@ -80,9 +80,8 @@ for level in $LEVELS; do
   done
   $S bench --url "http://127.0.0.1:$PORT" --workload agent --concurrency "$level" --max-tokens "$MAX_TOKENS" \
     "${peer_args[@]}" --output-dir "$OUT/agent-c$level"
-  # The built-in workloads with recurring prompts (each prompt sent twice), on the same fresh peers.
-  # The built-in workloads with recurring prompts, beside plain llama-server and its two modes that keep
-  # n-grams across requests.
+  # The built-in workloads with recurring prompts, on the same fresh peers: plain llama-server and its two
+  # modes that keep n-grams across requests.
   # At the first level only (RECURRING=0: not at all): the first 2 prompts of each, each sent twice.
   if [[ -n "$first" && "${RECURRING:-1}" != 0 ]]; then
     $S bench --url "http://127.0.0.1:$PORT" --compare-spec --workload code-edit summarization qa creative \

@@ -3,7 +3,7 @@ step (AMD EPYC Zen 4, 2 cores, the default pair in exact mode): a prompt the ten
 must be drafted from, in a fresh process, and a request with nothing to copy must stay plain.
 
 At the drafter's old depth of 32 its estimate stopped at 0.90 a token, no draft paid on this curve, and
-the recurring built-in workloads ran at 1.00x where llama-server's ngram-mod ran 1.63x (docs/BENCHMARKS.md,
+the recurring code-edit prompts ran at 1.00x where llama-server's ngram-mod ran 1.63x (docs/BENCHMARKS.md,
 issue 30's third measurement)."""
 
 from __future__ import annotations
