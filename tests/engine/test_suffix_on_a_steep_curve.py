@@ -58,11 +58,12 @@ def decode(drafter: SuffixDrafter, prompt: list[int], answer: list[int], rid: st
                 break
             accepted += 1
         rows = 1 + plan.num_tokens
-        seconds += policy.costs.target(rows)
+        step = policy.costs.target(rows)
+        seconds += step
         if plan.drafter is not None:
             drafts += 1
             policy.observe(seq, plan, accepted)
-        policy.observe_step(seq, plan.num_tokens, accepted, StepTiming(policy.costs.target(rows), rows))
+        policy.observe_step(seq, plan.num_tokens, accepted, StepTiming(step, rows))
         seq.output_ids.extend(answer[position : position + accepted + 1])
     seq.status = SequenceStatus.FINISHED
     drafter.release(seq)
