@@ -30,6 +30,17 @@ row costs nearly a step (AMD EPYC Zen 4, 2 cores: 17 rows cost 8.7 one-token ste
 llama-server's ngram-mod ran 1.63x; docs/BENCHMARKS.md, issue 30's third measurement). ArcticInference's
 suffix tree is 64 deep; at 64 the 2-token probe that starts a request's drafting clears the policy's margin
 by under 3 % on that curve (a noisy table closes it), at 128 by 5 %."""
+NUM_DRAFT_TOKENS = 32
+"""Most draft tokens per step, the default. A copy is where a CPU gains (an extra verify row costs a
+third of a step to most of one), and a copy is drafted whole or not at all: on Intel Xeon AVX-512, 33 rows
+cost 5.5 one-token steps and 17 rows 3.2, so a fully accepted 32-token draft emits 6.0 tokens per step's
+time where two of 16 emit 5.3. The cost policy still picks each draft's length from its estimate: the
+bound only lets a confident copy run longer (docs/BENCHMARKS.md, issue 30's fourth measurement)."""
+SUFFIX_FACTOR = 1.0
+SUFFIX_MIN_PROB = 0.1
+SUFFIX_CACHE_REQUESTS = 256
+SUFFIX_CACHE_TOKENS = 131072
+"""The suffix drafter's other defaults, one source for the settings, the drafter context and the drafter."""
 BackendChoice = Literal["auto", "llama.cpp", "torch"]
 """The runtime: llama.cpp (GGUF on the CPU), specserve's own torch runtime, or ``auto``: torch when a CUDA
 GPU is visible (or the target is a checkpoint directory), llama.cpp otherwise."""
@@ -113,7 +124,7 @@ class Settings:
         "and its tenant's recent outputs), draft-model, dflash2 (a DFlash2 block drafter given as --draft "
         "DIR; torch backend).",
     )
-    num_draft_tokens: int = _speculation(16, "Maximum draft tokens per step.")
+    num_draft_tokens: int = _speculation(NUM_DRAFT_TOKENS, "Maximum draft tokens per step.")
     draft_policy: PolicyChoice = _speculation(
         "cost", "Draft length policy: cost (measured cost model, may draft 0) or fixed (always the maximum)."
     )
@@ -122,16 +133,18 @@ class Settings:
         SUFFIX_DEPTH, "Longest context suffix the suffix drafter matches (its tree depth), in tokens."
     )
     suffix_factor: float = _speculation(
-        1.0, "The suffix drafter drafts at most this many tokens per token of matched suffix."
+        SUFFIX_FACTOR, "The suffix drafter drafts at most this many tokens per token of matched suffix."
     )
     suffix_min_prob: float = _speculation(
-        0.1, "The suffix drafter stops where its estimate that the whole draft is accepted falls below this."
+        SUFFIX_MIN_PROB,
+        "The suffix drafter stops where its estimate that the whole draft is accepted falls below this.",
     )
     suffix_cache_requests: int = _speculation(
-        256, "Finished outputs the suffix drafter remembers (over all tenants; 0 = only the request's own)."
+        SUFFIX_CACHE_REQUESTS,
+        "Finished outputs the suffix drafter remembers (over all tenants; 0 = only the request's own).",
     )
     suffix_cache_tokens: int = _speculation(
-        131072, "Tokens of finished outputs the suffix drafter remembers (oldest evicted first)."
+        SUFFIX_CACHE_TOKENS, "Tokens of finished outputs the suffix drafter remembers (oldest evicted first)."
     )
     draft_p_min: float = _speculation(
         0.6, "The draft model stops drafting when its top probability is lower."

@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from specserve.backends.base import ModelRuntime
-from specserve.config import SUFFIX_DEPTH, DrafterName
+from specserve.config import (
+    SUFFIX_CACHE_REQUESTS,
+    SUFFIX_CACHE_TOKENS,
+    SUFFIX_DEPTH,
+    SUFFIX_FACTOR,
+    SUFFIX_MIN_PROB,
+    DrafterName,
+)
 from specserve.drafters.base import Drafter, DrafterError
 
 
@@ -34,10 +41,10 @@ class DrafterContext:
     draft_block_size: int | None = None
     candidate_topk: int | None = None
     suffix_depth: int = SUFFIX_DEPTH
-    suffix_factor: float = 1.0
-    suffix_min_prob: float = 0.1
-    suffix_cache_requests: int = 256
-    suffix_cache_tokens: int = 131072
+    suffix_factor: float = SUFFIX_FACTOR
+    suffix_min_prob: float = SUFFIX_MIN_PROB
+    suffix_cache_requests: int = SUFFIX_CACHE_REQUESTS
+    suffix_cache_tokens: int = SUFFIX_CACHE_TOKENS
 
 
 DrafterFactory = Callable[[DrafterContext], Drafter]

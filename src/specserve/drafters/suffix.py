@@ -19,7 +19,13 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
-from specserve.config import SUFFIX_DEPTH
+from specserve.config import (
+    SUFFIX_CACHE_REQUESTS,
+    SUFFIX_CACHE_TOKENS,
+    SUFFIX_DEPTH,
+    SUFFIX_FACTOR,
+    SUFFIX_MIN_PROB,
+)
 from specserve.drafters.base import Drafter, DraftOption, Proposal
 from specserve.drafters.ngram import match_bucket
 from specserve.drafters.registry import DrafterContext
@@ -60,10 +66,10 @@ class SuffixDrafter(Drafter):
     def __init__(
         self,
         depth: int = SUFFIX_DEPTH,
-        factor: float = 1.0,
-        min_prob: float = 0.1,
-        cache_requests: int = 256,
-        cache_tokens: int = 131072,
+        factor: float = SUFFIX_FACTOR,
+        min_prob: float = SUFFIX_MIN_PROB,
+        cache_requests: int = SUFFIX_CACHE_REQUESTS,
+        cache_tokens: int = SUFFIX_CACHE_TOKENS,
     ) -> None:
         if depth < KEY_LEN:
             raise ValueError(f"suffix depth must be >= {KEY_LEN}, got {depth}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specserve.config import NUM_DRAFT_TOKENS
+
 
 @dataclass(frozen=True)
 class EngineOptions:
@@ -11,7 +13,7 @@ class EngineOptions:
 
     drafters: tuple[str, ...] = ("ngram",)
     """Drafters the policy may choose from when a request does not name one (``auto``)."""
-    num_draft_tokens: int = 16
+    num_draft_tokens: int = NUM_DRAFT_TOKENS
     """Upper bound on draft tokens per step."""
     speculation_enabled: bool = True
     """Server-wide switch: False runs every request as plain decoding."""
