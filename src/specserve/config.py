@@ -31,11 +31,12 @@ llama-server's ngram-mod ran 1.63x; docs/BENCHMARKS.md, issue 30's third measure
 suffix tree is 64 deep; at 64 the 2-token probe that starts a request's drafting clears the policy's margin
 by under 3 % on that curve (a noisy table closes it), at 128 by 5 %."""
 NUM_DRAFT_TOKENS = 32
-"""Most draft tokens per step, the default. A copy is where a CPU gains (an extra verify row costs a
-third of a step to most of one), and a copy is drafted whole or not at all: on Intel Xeon AVX-512, 33 rows
-cost 5.5 one-token steps and 17 rows 3.2, so a fully accepted 32-token draft emits 6.0 tokens per step's
-time where two of 16 emit 5.3. The cost policy still picks each draft's length from its estimate: the
-bound only lets a confident copy run longer (docs/BENCHMARKS.md, issue 30's fourth measurement)."""
+"""Most draft tokens per step, the default. A CPU gains where text is copied (an extra verify row costs
+a third of a step to most of one), and a copy pays most when drafted in long pieces: on an Intel Xeon
+(model 207, 2 cores) 33 rows cost 5.5 one-token steps and 17 rows 3.2, so a fully accepted 32-token draft
+emits 6.0 tokens per step's time where two of 16 emit 5.3. The cost policy still picks each draft's length
+from its estimate: the bound only lets a confident copy run longer (docs/BENCHMARKS.md, issue 30's fourth
+measurement)."""
 SUFFIX_FACTOR = 1.0
 SUFFIX_MIN_PROB = 0.1
 SUFFIX_CACHE_REQUESTS = 256
