@@ -25,8 +25,10 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     log = tmp_path_factory.mktemp("serve") / "server.log"
     # One thread: the test client runs at the same time on this 2-core machine. A fixed draft length,
-    # because the cost policy would rarely draft on this CPU and the test wants drafts to verify.
+    # because the cost policy would rarely draft on this CPU and the test wants drafts to verify; 16, not the
+    # default 32: a fixed policy makes the draft model run every round of the maximum at every step.
     flags = "--threads 1 --max-running 2 --drafter auto --load-draft always --draft-policy fixed"
+    flags += " --num-draft-tokens 16"
     command = [sys.executable, "-m", "specserve.cli", "serve", "--port", str(port), *flags.split()]
     with log.open("wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
