@@ -192,8 +192,8 @@ def test_the_openai_clients_responses_create_and_stream_with_tools(base_url: str
     (call,) = [item for item in response.output if item.type == "function_call"]
     assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
     pieces: list[str] = []
-    # Streamed plainly, one token per step: a long enough draft (32 tokens, the default) holds the whole call,
-    # which then arrives as one delta (the drafted answer above must equal it all the same).
+    # Streamed plainly, one token per step: a long enough draft (the default 32; this server drafts 16) holds
+    # the whole call, which then arrives as one delta. The drafted answer above must equal it all the same.
     with client.responses.stream(**kwargs, extra_body={"speculative": {"enabled": False}}) as stream:
         for event in stream:
             if event.type == "response.function_call_arguments.delta":

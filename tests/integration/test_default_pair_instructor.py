@@ -72,8 +72,8 @@ def test_create_partial_streams_partial_objects_then_the_final_one(
     client = _client(base_url, mode)
     finals = []
     for i, extra in enumerate(({}, OFF)):
-        # A tenant of its own: from the server's earlier answer to the same prompt the suffix drafter would
-        # copy the whole object in one 32-token step, and the stream would have nothing partial to show.
+        # A tenant of its own: from the server's earlier answer to the same prompt the suffix drafter could
+        # copy the whole object in one step (with drafts as long as the default 32), leaving nothing partial.
         salt = {"cache_salt": f"partial-{mode.value}-{i}"}
         stream = client.chat.completions.create_partial(
             model=DEFAULT_TARGET, response_model=Person, messages=[{"role": "user", "content": TEXT}],
