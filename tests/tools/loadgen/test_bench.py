@@ -12,6 +12,7 @@ import pytest
 
 from cli_runner import run_cli
 from server.process import ServerProcess, free_port, start_server, stop_server
+from specserve.tools.loadgen.agent import agent_traces
 from support.tiny_models import TinyModels
 from tools.helpers import one_error_line
 
@@ -181,3 +182,38 @@ def test_bench_takes_the_key_from_openai_api_key(
         assert code == 0, err
     finally:
         stop_server(keyed)
+
+
+def test_agent_bench_runs_each_wave_in_every_mode_before_the_next(
+    bench_server: ServerProcess, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Modes take turns wave by wave (a slow phase of the machine lands on every mode, not on one), the
+    first mode moving along each wave; each mode still runs every trace's turns in order, as its own
+    tenant, and the report keeps its table."""
+    out = tmp_path / "out"
+    code, stdout, err = run_cli(
+        capfd, "bench", "--url", bench_server.url, "--output-dir", str(out), "--workload", "agent",
+        "--concurrency", "4", "--max-tokens", "4", "--agent-modes", "plain,suffix,auto",
+    )  # fmt: skip
+    assert code == 0, err
+    waves = [line.split("wave ")[1] for line in err.splitlines() if "agent traces: wave" in line]
+    assert waves[:6] == [
+        "1/3 at concurrency 4: plain",
+        "1/3 at concurrency 4: suffix",
+        "1/3 at concurrency 4: auto",
+        "2/3 at concurrency 4: suffix",
+        "2/3 at concurrency 4: auto",
+        "2/3 at concurrency 4: plain",
+    ]
+    assert len(waves) == 9
+    level = json.loads((out / "report.json").read_text())["levels"]["4"]
+    traces = [trace.name for trace in agent_traces()]
+    for mode in ("plain", "suffix", "auto"):
+        turns = level["turns"][mode]
+        assert {t["trace"] for t in turns} == set(traces)
+        assert all(t["wave"] == traces.index(t["trace"]) // 4 for t in turns)
+        for trace in traces:  # a trace's turns in order, each after the one before
+            orders = [t["order"] for t in turns if t["trace"] == trace]
+            assert orders == sorted(orders)
+        assert level["summary"][mode]["all"]["errors"] == 0
+    assert "| 4 | all |" in stdout

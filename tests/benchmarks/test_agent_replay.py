@@ -1,0 +1,77 @@
+"""``python -m benchmarks.agent_replay``: recorded answers replayed through a drafter and the cost policy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from benchmarks import agent_replay
+from specserve.tools.loadgen.agent import agent_traces
+from support.tiny_models import TinyModels
+
+XEON_MS = {1: 76.2, 2: 105.1, 4: 111.1, 8: 200.4, 16: 245.9, 24: 376.8, 32: 417.5}
+"""The default pair's exact-mode table on Intel Xeon model 207 (2 cores), one-token to 32-row calls."""
+
+
+def words(seed: int, n: int) -> str:
+    """``n`` random five-letter words: text no other seed repeats."""
+    letters = np.random.default_rng(seed).integers(0, 26, (n, 5))
+    return " ".join("".join(chr(97 + int(c)) for c in word) for word in letters)
+
+
+def plain_report(repeat: str) -> dict[str, Any]:
+    """A plain run at concurrency 1 in which the ``repeat`` traces all answer one text and every other
+    turn answers text of its own (random words: nothing to copy)."""
+    turns, order = [], 0
+    for i, trace in enumerate(agent_traces()):
+        for turn in range(len(trace.turns)):
+            text = words(1000, 120) if trace.kind == repeat else words(i * 10 + turn, 60)
+            turns.append(
+                {"trace": trace.name, "kind": trace.kind, "turn": turn, "order": order, "text": text}
+            )
+            order += 1
+    return {"levels": {"1": {"turns": {"plain": turns}}}}
+
+
+def replay(tmp_path: Path, models: TinyModels, capsys: pytest.CaptureFixture[str], *flags: str) -> Any:
+    report, costs = tmp_path / "report.json", tmp_path / "costs.json"
+    report.write_text(json.dumps(plain_report("repeat-task")))
+    costs.write_text(json.dumps({"engine": {"costs_ms": {"target_ms": XEON_MS}}}))
+    argv = ["--report", str(report), "--costs", str(costs), "--model", str(models.target), *flags]
+    assert agent_replay.main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_text_seen_before_is_drafted_and_new_text_stays_plain(
+    tiny_models: TinyModels, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = replay(tmp_path, tiny_models, capsys)
+    kinds = result["kinds"]
+    # The same task's second and third runs copy the first's answer.
+    assert kinds["repeat-task"]["speedup"] > 1.5 and kinds["repeat-task"]["mal"] > 2
+    for kind in ("control", "file-edit", "extraction-batch"):  # nothing of their answers came before
+        assert kinds[kind]["speedup"] >= 0.97, kind
+    assert result["all"]["tokens"] == sum(k["tokens"] for k in kinds.values())
+
+
+def test_the_copy_oracle_drafts_only_repeated_windows(
+    tiny_models: TinyModels, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kinds = replay(tmp_path, tiny_models, capsys, "--drafter", "copy-oracle")["kinds"]
+    assert (
+        kinds["repeat-task"]["speedup"] > 2
+        and kinds["repeat-task"]["accepted"] == kinds["repeat-task"]["drafted"]
+    )
+    assert kinds["control"]["drafts"] == 0 and kinds["control"]["speedup"] == pytest.approx(1.0)
+
+
+def test_depth_makes_every_step_cost_more(
+    tiny_models: TinyModels, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flat = replay(tmp_path, tiny_models, capsys)["all"]
+    deep = replay(tmp_path, tiny_models, capsys, "--key-ms", "4")["all"]
+    assert deep["plain_seconds"] > flat["plain_seconds"] and deep["seconds"] > flat["seconds"]
