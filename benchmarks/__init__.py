@@ -16,7 +16,10 @@ Run from the repository root with specserve installed (``.venv/bin/python -m ben
   ``scripts/gpu-check.sh``);
 * ``python -m benchmarks.load --url URL``: the misbehaving-clients load campaign (``scripts/reliability.sh``);
 * ``python -m benchmarks.soak``: one server under load for an hour, for leaks;
-* ``python -m benchmarks.suffix_cost`` (or ``python benchmarks/suffix_cost.py``): the suffix drafter's cost.
+* ``python -m benchmarks.suffix_cost`` (or ``python benchmarks/suffix_cost.py``): the suffix drafter's cost;
+* ``python -m benchmarks.agent_replay --report R --costs C``: an agent bench's plain answers replayed through
+  a model-free drafter and the cost policy on a fixed cost table (noise-free; a copy oracle as the bound);
+* ``python -m benchmarks.depth_cost``: a target pass of n rows after d cached tokens, beside the cost table.
 
 The engine measurements take the flags they took under ``specserve bench`` (``--output-dir``, ``--repeats``,
 ``--config`` and the engine settings' flags: ``--target``, ``--threads``, ``--exact`` …). This package may

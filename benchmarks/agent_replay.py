@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.batch_pass import cpu_model
 from specserve.backends.llama_cpp_vocab import LlamaCppVocabulary
 from specserve.chat import chat_prompt_ids
 from specserve.config import NUM_DRAFT_TOKENS, SUFFIX_DEPTH, SUFFIX_FACTOR, SUFFIX_MIN_PROB
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         row = replay(drafter, policy, args.key_ms / 1e6, prompt, answer, args.num_draft_tokens, str(i))
         by_kind.setdefault(kind, []).append(row)
     result = {
-        "machine": platform.processor() or platform.machine(),
+        "machine": cpu_model(),  # where the drafter ran; the target's time is the table's
         "settings": {k: str(v) for k, v in vars(args).items()},
         "kinds": {kind: summary(rows) for kind, rows in by_kind.items()},
         "all": summary([r for rows in by_kind.values() for r in rows]),
