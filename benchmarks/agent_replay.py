@@ -41,6 +41,7 @@ from specserve.drafters.suffix import SuffixDrafter
 from specserve.engine.cost_model import CostModel, StepCostTable
 from specserve.engine.cost_policy import CostAwarePolicy
 from specserve.engine.speculation_budget import StepTiming
+from specserve.models import CATALOG, DEFAULT_TARGET, ModelStore
 from specserve.request import PositionalUniforms, SamplingParams
 from specserve.sequence import Sequence, SequenceStatus
 from specserve.tools.loadgen.agent import COPY_WINDOW, agent_traces
@@ -190,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-prob", type=float, default=SUFFIX_MIN_PROB)
     parser.add_argument("--key-ms", type=float, default=0.0, help="ms per row per 1,000 cached positions")
     args = parser.parse_args(argv)
-    model = args.model or Path.home() / ".cache/specserve/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+    model = args.model or ModelStore().locate(CATALOG[DEFAULT_TARGET])
+    if model is None:
+        parser.error("the default target is not pulled (run: specserve models pull), or give --model")
     vocab = LlamaCppVocabulary(model)
     report = json.loads(args.report.read_text())
     oracle = CopyOracle()
