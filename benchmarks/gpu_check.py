@@ -8,7 +8,9 @@
 * **verify**: one call of 2-16 rows against a one-token step, and a draft-model step against a target step;
 * **oracle**: the real engine with an oracle drafter at chosen acceptance rates against plain decoding, and
   whether speculative output equals plain output token for token;
-* **exact**: the batch-invariant kernels' cost per call against the fast ones, and the load-time self-check.
+* **exact**: the batch-invariant kernels' cost per call against the fast ones, and the load-time self-check;
+* **serve**: plain decoding through the HTTP server with 1 and 8 streaming clients against the engine alone
+  (benchmarks/gpu_check_serve.py; skipped, and saying so, where the server's packages are not installed).
 
 Why this shape: device time is scarce (minutes per task) and a machine may not come twice, so the check
 needs no files (random weights of real shapes, built on the device), keeps its imports to torch and numpy,
@@ -52,7 +54,14 @@ from benchmarks.gpu_check_report import (
     render,
     verify_section,
 )
-from benchmarks.gpu_check_timing import CallSpec, call_costs, decode_new_positions, decode_steps
+from benchmarks.gpu_check_serve import serve_section
+from benchmarks.gpu_check_timing import (
+    CallSpec,
+    call_costs,
+    context_tokens,
+    decode_new_positions,
+    decode_steps,
+)
 from specserve.backends.torch.runtime import TorchRuntime
 from specserve.backends.torch.setup import resolve_dtype
 
@@ -63,6 +72,8 @@ MODES = {
     "masked": (False, False, "masked"),
 }
 ROWS = (1, 2, 4, 8, 16)
+SERVE_MAX_PARAMETERS = 2e9
+"""The serve section writes the target to disk for the server's engine process: the 1.5B shape only."""
 BATCHES = (1, 8)
 
 
@@ -190,6 +201,16 @@ def run_shape(shape: Shape, plan: Plan, args: argparse.Namespace, report: Report
             oracle[label] = {"error": f"{type(exc).__name__}: {exc}"[:1000]}
         report.data["oracle"][name] = dict(oracle)
         report.flush()
+    if parameter_count(shape.target) <= SERVE_MAX_PARAMETERS:
+        prompt = context_tokens(shape.target.vocab_size, plan.prompt_tokens, seed=3)
+        report.section(
+            "serve", name, lambda: serve_section(exact_rt, target, prompt, plan.oracle_tokens, args.threads)
+        )
+    else:
+        report.data["serve"][name] = {
+            "skipped": "the 1.5B shape stands for the host path (a checkpoint "
+            "of this one would take tens of GB and minutes to write and load)"
+        }
     if device.type == "cuda":
         report.data["shapes"][name]["peak_memory_gib"] = round(
             torch.cuda.max_memory_allocated(device) / 2**30, 2

@@ -17,9 +17,10 @@ from typing import Any
 
 from benchmarks.gpu_check_models import weight_bytes_read
 from benchmarks.gpu_check_numbers import render_numbers
+from benchmarks.gpu_check_serve import render_serve
 from specserve.backends.torch.model import Decoder
 
-SECTIONS = ("numbers", "plain", "verify", "oracle", "exact", "attention")
+SECTIONS = ("numbers", "plain", "verify", "oracle", "exact", "attention", "serve")
 
 
 def _ratio(a: float, b: float) -> float:
@@ -232,6 +233,7 @@ def render(data: dict[str, Any]) -> str:
             cells = ", ".join(f"{n}: {r:.2f}x" for n, r in by_n.items())
             lines.append(f"- exact / {fast} per call: {cells}")
         lines.append("")
+    lines += render_serve(data)
     if data["errors"]:
         lines += ["## errors\n"] + [
             f"- {e['section']} / {e['shape']}: `{e['error']}`" for e in data["errors"]

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU check of the torch runtime: plain / verify / oracle / exact sections on random weights of real
-# shapes (Qwen2.5-1.5B and Llama-3.1-8B targets, 0.5B-shaped drafts), written to DIR/gpu-check.{json,md}.
+# The GPU check of the torch runtime: numbers / plain / verify / oracle / exact / attention / serve sections
+# on random weights of real shapes (Qwen2.5-1.5B and Llama-3.1-8B targets, 0.5B-shaped drafts), written to
+# DIR/gpu-check.{json,md}.
 #
 #   scripts/gpu-check.sh --output-dir DIR                          # on the device (cuda, bf16, <= budget)
 #   scripts/gpu-check.sh --output-dir DIR --device cpu --tiny --threads 1   # the CPU dry run (seconds)
@@ -8,13 +9,14 @@
 #
 # Runs from the repository tree: the check is benchmarks/gpu_check.py (not in the wheel; found from the
 # repository root, the working directory here), and the device machine gets the tree, not an installed
-# wheel, so src/ goes on PYTHONPATH unless specserve is importable already. Imports: the check needs only
-# torch and numpy (and the Python standard library) besides specserve's own modules and benchmarks/gpu_check*
-# (benchmarks/__init__.py imports nothing); checked by running it with nothing else on sys.path. Nothing has
-# to be carried. Should a later edit bring pydantic, jinja2, httpx or pyyaml into these import paths, their
-# pure-Python wheels would have to be carried (and pip-installed with --no-index) first: the device machine
-# has no network.
-#
+# wheel, so src/ goes on PYTHONPATH unless specserve is importable already. Imports: every section but
+# `serve` needs only torch and numpy besides specserve's own modules and benchmarks/gpu_check*; `serve`
+# (the server as deployed, against the engine alone) needs the server's packages and is skipped, saying
+# which is missing, without them. On the device machine (no network) install them first from wheels made
+# here (docs/TORCH.md):
+#   scripts/system-torch-wheels.sh .whl --python-version 3.12 --skip numpy ...      (here, once)
+#   scripts/install.sh --system-torch --wheels .whl && PYTHON=.venv/bin/python scripts/gpu-check.sh ...
+#     (there, carrying .whl)
 # Exit status: 0 when every section ran, 1 when one failed (recorded in both files), 2 without CUDA.
 set -euo pipefail
 cd "$(dirname "$0")/.."

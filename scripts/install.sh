@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Create .venv and install specserve with a llama-cpp-python built for this machine (cached between runs).
-# Usage: scripts/install.sh [--dev | --tools | --torch]
+# Usage: scripts/install.sh [--dev | --tools | --torch | --system-torch [--wheels DIR]]
 #   --tools: with specserve bench / verify / evaluate (the tools extra); --torch: the torch runtime
 #   (--backend torch; pins torch 2.13.0: on a GPU machine with another torch, install plain and add
 #   safetensors + tokenizers);
 #   --dev: tools, torch, Ray and test deps
+#   --system-torch: on a machine whose torch is preinstalled, maybe offline: scripts/install-system-torch.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+[[ "${1:-}" == "--system-torch" ]] && exec scripts/install-system-torch.sh "${@:2}"
 PY="${PYTHON:-python3}"
 [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
@@ -17,7 +19,7 @@ case "${1:-}" in
   --tools) extra="[tools]" ;;
   --torch) extra="[torch]" ;;
   "") ;;
-  *) echo "usage: scripts/install.sh [--dev | --tools | --torch]" >&2; exit 2 ;;
+  *) echo "usage: scripts/install.sh [--dev | --tools | --torch | --system-torch [--wheels DIR]]" >&2; exit 2 ;;
 esac
 .venv/bin/python -m pip install --quiet "$wheel" -e ".$extra"
 if [[ "${1:-}" == "--dev" ]]; then

@@ -4,7 +4,7 @@
 // every size alternate between the builds round by round, so that a VM's drift (here: up to +-20 % between
 // runs minutes apart) falls on every build alike. Separate processes per build could not compare within a
 // few per cent.
-// usage: kernel-ab MODEL THREADS ROUNDS DEPTH ROWS(comma list) LIB_DIR[@TILED_START]...
+// usage: kernel-ab MODEL THREADS ROUNDS DEPTH ROWS(comma list) LIB_DIR[@TILED_START]...  (DEPTH + 48 <= 4096)
 // prints a Markdown table: per call size, each build's median ms per call (fastest of 3 per round) and the
 // median over rounds of its time / the first build's. @T sets GGML_CPU_TILED_MM_MIN_BATCH for that build.
 #include <dlfcn.h>
@@ -88,7 +88,7 @@ int main(int argc, char ** argv) {
         llama_model * m = a.model_load(model, mp);
         if (!m) { fprintf(stderr, "load failed\n"); return 1; }
         llama_context_params cp = a.context_default_params();
-        cp.n_ctx = 2048; cp.n_batch = 512; cp.n_ubatch = 512; cp.n_seq_max = 1;
+        cp.n_ctx = 4096; cp.n_batch = 512; cp.n_ubatch = 512; cp.n_seq_max = 1;
         cp.n_threads = threads; cp.n_threads_batch = threads; cp.no_perf = true;
         cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_AUTO;  // as specserve and llama-server
         a.ctx = a.init_from_model(m, cp);
@@ -104,8 +104,11 @@ int main(int argc, char ** argv) {
     std::vector<int> probe(64);
     for (size_t i = 0; i < probe.size(); i++) probe[i] = 200 + (int) (i * 104729 % 5000);
     for (Api & a : apis) {  // the context, and one untimed call of every size
-        fill(a, context, 0, false);
-        a.decode(a.ctx, a.batch);
+        for (size_t at = 0; at < context.size(); at += 512) {  // the batch holds 512 tokens
+            size_t end = std::min(context.size(), at + 512);
+            fill(a, std::vector<int>(context.begin() + at, context.begin() + end), (int) at, false);
+            if (a.decode(a.ctx, a.batch) != 0) { fprintf(stderr, "the context did not decode (depth %d)\n", depth); return 1; }
+        }
         for (int n : rows) {
             fill(a, std::vector<int>(probe.begin(), probe.begin() + n), (int) context.size(), true);
             a.decode(a.ctx, a.batch); a.synchronize(a.ctx);
@@ -146,7 +149,7 @@ int main(int argc, char ** argv) {
         for (size_t b = 0; b < apis.size(); b++) {
             std::vector<double> ratio;
             for (int r = 0; r < rounds; r++) ratio.push_back(t[ri][b][r] / t[ri][0][r]);
-            printf(" %.1f | %.3f |", median(t[ri][b]), median(ratio));
+            printf(" %.*f | %.3f |", median(t[ri][b]) < 1 ? 3 : 1, median(t[ri][b]), median(ratio));
         }
         printf("\n");
     }

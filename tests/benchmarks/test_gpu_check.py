@@ -18,8 +18,13 @@ import pytest
 import torch
 
 from benchmarks.gpu_check import main
+from benchmarks.gpu_check_checkpoint import write_checkpoint
+from benchmarks.gpu_check_models import TINY_SHAPES, Shape, open_runtime, random_decoder
 from benchmarks.gpu_check_oracle import OracleDrafter
 from benchmarks.gpu_check_report import SECTIONS, plain_section, render, verify_section
+from benchmarks.gpu_check_timing import context_tokens
+from specserve.backends.base import DecodeChunk
+from specserve.backends.torch.runtime import TorchRuntime
 from specserve.request import PositionalUniforms, SamplingParams
 from specserve.sequence import Sequence
 
@@ -78,6 +83,38 @@ def test_cpu_dry_run_writes_every_section(tmp_path: Path, one_thread: None) -> N
             }
             assert all(r["identical"] and r["first_mismatch"] is None for r in runs), (shape, kernels)
             assert all(_positive(r["speedup"]) and r["mean_acceptance_length"] >= 1 for r in runs)
+        serve = data["serve"][shape]  # the server as deployed: its engine process on the written checkpoint
+        assert (
+            serve["server"]["exactness"]["mode"] == "batch-invariant" and not serve["server"]["speculation"]
+        )
+        assert set(serve["streams"]) == {"1", "8"}
+        for row in serve["streams"].values():
+            assert all(_positive(row[k]) for k in ("engine_tokens_per_s", "server_tokens_per_s"))
+
+
+@pytest.mark.parametrize("shape", TINY_SHAPES, ids=lambda shape: shape.name)
+def test_a_written_checkpoint_loads_back_as_the_same_model(shape: Shape, tmp_path: Path) -> None:
+    """The serve section's checkpoint: the torch runtime reads it back to the logits of the model in memory
+    (q/k/v and gate/up split and fused again, the tied or untied head, llama3 RoPE scaling), and every id
+    has text."""
+    model = random_decoder(shape.target, torch.device("cpu"), torch.float32, 64)
+    in_memory = open_runtime(
+        "mem", model, device=torch.device("cpu"), dtype="float32", exact=False, graphs=False,
+        max_sequences=1, context=64, self_check=False, threads=1,
+    )  # fmt: skip
+    loaded = TorchRuntime(
+        write_checkpoint(model, tmp_path), context_per_sequence=64, n_threads=1, exact=False, dtype="float32"
+    )
+    try:
+        ids = context_tokens(shape.target.vocab_size, 24, seed=5)
+        a = in_memory.decode([DecodeChunk(0, ids, 0, len(ids))])[0]
+        b = loaded.decode([DecodeChunk(0, ids, 0, len(ids))])[0]
+        assert torch.equal(a, b)
+        assert loaded.info.vocab_size == shape.target.vocab_size
+        assert loaded.detokenize([0, 7, shape.target.vocab_size - 1]) == f"t0t7t{shape.target.vocab_size - 1}"
+    finally:
+        in_memory.close()
+        loaded.close()
 
 
 def _seq(prompt: list[int]) -> Sequence:

@@ -31,6 +31,10 @@ pytestmark = pytest.mark.model
 
 POSITIONS = 64
 AGREEMENT = 0.95
+BF16_PROMPTS = 4
+"""bfloat16 is checked on the first four prompts (256 positions), float32 on all ten. (On AMD Zen 3 bf16
+agreed on 626 of 640 positions over all ten, 255 of 256 over these four; the four shortest prompts, the
+most open-ended, 246.)"""
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +77,8 @@ def test_teacher_forced_top1_agreement_with_llama_cpp(
     path = ModelStore().locate(CATALOG[DEFAULT_TARGET])
     assert path is not None
     ours = TorchRuntime(path, context_per_sequence=512, n_threads=2, exact=False, dtype=dtype)
+    if dtype == "bfloat16":  # emulated on CPUs without AVX-512 BF16: about 20 s a prompt on AMD Zen 3
+        forced = forced[:BF16_PROMPTS]
     agree = total = 0
     try:
         for prompt, continuation in forced:

@@ -43,25 +43,33 @@ def llama_lib() -> Any:
     return llama_cpp
 
 
-_GGML_CPU: Any = None
+_LOADED: dict[str, Any] = {}
 
 
 def ggml_cpu_lib() -> Any:
     """The CPU backend library llama.cpp runs on (``libggml-cpu``), for the calls llama-cpp-python's bindings
-    lack (the tiled kernel's start: llama_cpp_tiled.py); None where it cannot be found.
+    lack (the tiled kernel's start: llama_cpp_tiled.py); None where it cannot be found."""
+    return _mapped_library("libggml-cpu")
 
-    The very file the process mapped, not any file of that name: a wheel holds ``libggml-cpu.so``, ``.so.0``
-    and ``.so.0.x`` as three copies (zip archives keep no links), and loading another copy would give a
-    second library with state of its own, which llama.cpp never reads."""
-    global _GGML_CPU
-    if _GGML_CPU is None:
+
+def ggml_base_lib() -> Any:
+    """ggml's core library (``libggml-base``: type traits, dequantization); None where it cannot be found."""
+    return _mapped_library("libggml-base")
+
+
+def _mapped_library(stem: str) -> Any:
+    """The very file of that name the process mapped when it loaded llama.cpp, not any file of that name: a
+    wheel holds ``libggml-cpu.so``, ``.so.0`` and ``.so.0.x`` as three copies (zip archives keep no links),
+    and loading another copy would give a second library with state of its own, which llama.cpp never
+    reads."""
+    if stem not in _LOADED:
         llama_lib()
         try:
             maps = Path("/proc/self/maps").read_text()
         except OSError:
             return None
-        loaded = sorted({line.split()[-1] for line in maps.splitlines() if "/libggml-cpu" in line})
+        loaded = sorted({line.split()[-1] for line in maps.splitlines() if f"/{stem}" in line})
         if not loaded:
             return None
-        _GGML_CPU = ctypes.CDLL(loaded[0])
-    return _GGML_CPU
+        _LOADED[stem] = ctypes.CDLL(loaded[0])
+    return _LOADED[stem]

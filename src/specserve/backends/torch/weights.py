@@ -2,8 +2,9 @@
 
 * A Hugging Face checkpoint directory: ``config.json`` and ``*.safetensors`` (one file, or shards listed in
   ``model.safetensors.index.json``), read tensor by tensor.
-* A GGUF file (what specserve's model store holds): every tensor dequantized by the ``gguf`` package
-  (Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, F16, F32 ...) and renamed. llama.cpp's Llama converter permutes the rows
+* A GGUF file (what specserve's model store holds): every tensor dequantized by ggml's own code
+  (``ggml_dequantize.py``; the ``gguf`` package's numpy port where llama.cpp's library is missing: Q4_K,
+  Q5_K, Q6_K, Q8_0, Q5_0, F16, F32 ...) and renamed. llama.cpp's Llama converter permutes the rows
   of q and k so that its interleaved RoPE equals Hugging Face's rotate-half RoPE; the permutation is undone
   here (Qwen files use llama.cpp's NeoX RoPE and are not permuted).
 
@@ -117,6 +118,8 @@ class GGUFWeights:
         """One tensor dequantized to float32, in numpy (row-major, Hugging Face) shape."""
         import gguf
 
+        from specserve.backends.ggml_dequantize import to_float32
+
         info = self._tensors[name]
         offset = self._data_offset + info.offset
         raw = np.memmap(self.path, np.uint8, "r", offset=offset, shape=(info.n_bytes,))
@@ -126,6 +129,9 @@ class GGUFWeights:
             return raw.view(np.float32).reshape(shape)  # read-only: copied when loaded
         if qtype == gguf.GGMLQuantizationType.F16:
             return raw.view(np.float16).astype(np.float32).reshape(shape)
+        values = to_float32(raw, info.ggml_type, int(np.prod(shape)))
+        if values is not None:
+            return values.reshape(shape)
         block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
         rows = raw.reshape(-1, info.shape[0] // block_size * type_size)
         return np.asarray(gguf.quants.dequantize(rows, qtype), dtype=np.float32).reshape(shape)
