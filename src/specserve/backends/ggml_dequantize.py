@@ -2,7 +2,7 @@
 
 The torch runtime loads a GGUF by dequantizing every tensor. The ``gguf`` package's numpy port of the same
 code took 40 s for the 1.5B Q4_K_M default target on an AMD EPYC Zen 3 (7 s for the embedding alone);
-ggml's C takes 5 s, and its result is bit for bit the port's (``tests/backends/test_ggml_dequantize.py``)
+ggml's C takes 5–10 s, and its result is bit for bit the port's (``tests/backends/test_ggml_dequantize.py``)
 and llama.cpp's own reading of the weights.
 """
 
