@@ -66,11 +66,15 @@ from specserve.backends.torch.runtime import TorchRuntime
 from specserve.backends.torch.setup import resolve_dtype
 
 MODES = {
-    "graphs": (False, True, "auto"),
-    "eager": (False, False, "auto"),
-    "exact": (True, True, "auto"),
-    "masked": (False, False, "masked"),
+    "graphs": (False, True, "auto", False),
+    "eager": (False, False, "auto", False),
+    "exact": (True, True, "auto", False),
+    "masked": (False, False, "masked", False),
+    "compiled": (False, True, "auto", True),
 }
+"""mode: (exact kernels, CUDA graphs, attention, --compile). "masked" is the attention before the row
+kernel; "compiled" is "graphs" with the row functions through torch.compile."""
+CPU_MODES = ("eager", "exact", "compiled")
 ROWS = (1, 2, 4, 8, 16)
 SERVE_MAX_PARAMETERS = 2e9
 """The serve section writes the target to disk for the server's engine process: the 1.5B shape only."""
@@ -112,8 +116,7 @@ def run_shape(shape: Shape, plan: Plan, args: argparse.Namespace, report: Report
     each to exact and fast kernels). Its models and runtimes are freed before returning."""
     device = torch.device(args.device)
     dtype = resolve_dtype(args.dtype, device)
-    # mode: (exact kernels, CUDA graphs, attention). "masked" is the attention before the row kernel.
-    modes = MODES if device.type == "cuda" else {m: MODES[m] for m in ("eager", "exact")}
+    modes = MODES if device.type == "cuda" else {m: MODES[m] for m in CPU_MODES}
     runtimes: dict[str, TorchRuntime] = {}
     drafts: dict[str, TorchRuntime] = {}
     name = shape.name
@@ -123,13 +126,14 @@ def run_shape(shape: Shape, plan: Plan, args: argparse.Namespace, report: Report
         started = time.perf_counter()
         target = random_decoder(shape.target, device, dtype, plan.context, seed=0)
         draft = random_decoder(shape.draft, device, dtype, plan.context, seed=1)
-        for mode, (exact, graphs, attention) in modes.items():
+        for mode, (exact, graphs, attention, compile_rows) in modes.items():
             common: dict[str, Any] = {
                 "device": device,
                 "dtype": args.dtype,
                 "exact": exact,
                 "graphs": graphs,
                 "attention": attention,
+                "compile": compile_rows,
                 "max_sequences": max(BATCHES),
                 "context": plan.context,
                 "threads": args.threads,
@@ -229,14 +233,14 @@ def _close(*groups: dict[str, TorchRuntime]) -> None:
 
 
 def memory_short(shape: Shape, plan: Plan, device: torch.device, dtype: torch.dtype) -> str | None:
-    """Why ``shape`` would not fit in free device memory (weights, 3 KV caches per model, graph pools and
-    activations as a 6 GiB margin), or None."""
+    """Why ``shape`` would not fit in free device memory (weights, a KV cache per mode and model, graph
+    pools and activations as a 6 GiB margin), or None."""
     if device.type != "cuda":
         return None
     need = (parameter_count(shape.target) + parameter_count(shape.draft)) * dtype.itemsize
     for cfg in (shape.target, shape.draft):
         kv = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
-        need += 3 * kv * (max(BATCHES) + 1) * plan.context
+        need += len(MODES) * kv * (max(BATCHES) + 1) * plan.context
     need += 6 << 30
     free, _ = torch.cuda.mem_get_info(device)
     return None if free >= need else f"needs ~{need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"

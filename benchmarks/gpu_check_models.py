@@ -199,6 +199,7 @@ def open_runtime(
     self_check: bool = True,
     threads: int | None = None,
     attention: str = "auto",
+    compile: bool = False,
 ) -> TorchRuntime:
     """A runtime over an in-memory ``model`` (runtimes may share one model: each has its own KV cache)."""
     return TorchRuntime(
@@ -214,6 +215,7 @@ def open_runtime(
         context_per_sequence=context,
         n_threads=threads,
         attention=attention,
+        compile=compile,
     )
 
 

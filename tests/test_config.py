@@ -68,7 +68,7 @@ def test_add_arguments_by_group() -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser, ("models",), exclude=("calibration_cache",))
     expected = {"target", "draft", "backend", "device", "dtype", "model_dir", "context_size", "threads"}
-    expected |= {"gpu_layers", "exact", "attention"}
+    expected |= {"gpu_layers", "exact", "attention", "compile"}
     assert set(vars(parser.parse_args([]))) == expected
 
 

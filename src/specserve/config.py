@@ -103,6 +103,12 @@ class Settings:
         "its own length; CUDA graphs for every decode and verify step), masked (SDPA over gathered keys "
         "with a mask), or auto (rows on CUDA, masked on a CPU).",
     )
+    compile: bool = _model(
+        False,
+        "Fuse the torch runtime's row-wise work (RMSNorm, the q/k/v and MLP products, SiLU·mul) with "
+        "torch.compile, one graph for every layer, compiled at load (its seconds are in /ready's notes); "
+        "exact mode compiles its fixed tiles, and the load-time self-check proves them as before.",
+    )
     model_dir: str | None = _model(None, "Model cache directory (default ~/.cache/specserve/models).")
     context_size: int = _model(4096, "Context length per sequence, in tokens.", "--ctx-size")
     threads: int | None = _model(None, "CPU threads for llama.cpp or torch on the CPU (default: all cores).")

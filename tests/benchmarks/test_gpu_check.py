@@ -83,6 +83,8 @@ def test_cpu_dry_run_writes_every_section(tmp_path: Path, one_thread: None) -> N
             }
             assert all(r["identical"] and r["first_mismatch"] is None for r in runs), (shape, kernels)
             assert all(_positive(r["speedup"]) and r["mean_acceptance_length"] >= 1 for r in runs)
+        compiled = data["numbers"][shape]["modes"]["compiled"]  # --compile's fused rows against eager
+        assert compiled["greedy_identical"] and compiled["verify_rows"]["top1_agreement"] == 1.0
         serve = data["serve"][shape]  # the server as deployed: its engine process on the written checkpoint
         assert (
             serve["server"]["exactness"]["mode"] == "batch-invariant" and not serve["server"]["speculation"]

@@ -154,6 +154,13 @@ def load_models(settings: Settings, calibrate_costs: bool = True, keep_draft: bo
         elif settings.exact and target.info.exactness == "off":  # asked for, and not proved at load
             report.degraded = True
             report.notes.append(f"exact mode is off: {target.info.exactness_note}")
+        if settings.compile:
+            seconds = getattr(target, "compile_seconds", None)
+            report.notes.append(
+                f"row functions compiled (torch.compile) in {seconds:.1f} s"
+                if seconds is not None
+                else "compile applies to the torch runtime only (--backend torch): nothing compiled"
+            )
         calib_dir = store.cache_dir / "calibration" if settings.calibration_cache else None
         key = calibration_key(settings, target)
 
@@ -224,6 +231,7 @@ def open_runtime(path: str, settings: Settings, max_sequences: int, self_check: 
             self_check=self_check,
             graph_tokens=settings.num_draft_tokens + 1,
             attention=settings.attention,
+            compile=settings.compile,
         )
     if Path(path).is_dir():
         raise BackendError(f"{path} is a checkpoint directory: llama.cpp needs a GGUF file (--backend torch)")

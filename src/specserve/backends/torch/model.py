@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from specserve.backends.torch.config import DecoderConfig, rope_inverse_frequencies
 from specserve.backends.torch.kv_cache import KVCache
 from specserve.backends.torch.row_attention import RowAttention
+from specserve.backends.torch.rows import RowFunctions, rms_norm
 
 KEY_BUCKET_MIN = 64
 """Smallest key length of the batch-invariant attention (rows at positions < 64 share one shape)."""
@@ -71,17 +72,18 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        # In float32 whatever the model dtype, as the reference implementations do.
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class Kernels:
     """How row-wise work and attention run: over all rows (fast) or in fixed-shape tiles (invariant)."""
 
     def __init__(
-        self, tile_rows: int | None, attention_rows: int = 4, row_attention: RowAttention | None = None
+        self,
+        tile_rows: int | None,
+        attention_rows: int = 4,
+        row_attention: RowAttention | None = None,
+        row_functions: RowFunctions | None = None,
     ) -> None:
         self.tile_rows = tile_rows
         """None: fast kernels; else the row count of every row-wise kernel call (batch-invariant)."""
@@ -92,6 +94,9 @@ class Kernels:
         from position 0 in fast mode, which goes to causal SDPA (FlashAttention's shape)."""
         self.used: set[str] = set()
         """The attention paths that ran (``rows``, ``sdpa-causal``, ``sdpa-masked``, ``tiles``)."""
+        self.row_functions = row_functions or RowFunctions()
+        """Each layer's row-wise work: eager, or compiled (``--compile``); the runtime's, not the model's,
+        as runtimes may share one model (the GPU check's modes)."""
 
     @property
     def invariant(self) -> bool:
@@ -196,10 +201,11 @@ class DecoderLayer(nn.Module):
         self.gate_up_proj = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=False)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
 
-    def _qkv(self, x: Tensor) -> Tensor:
+    def _qkv(self, x: Tensor, fns: RowFunctions) -> Tensor:
         """Rows → their q, k and v, q and k normalised per head where the family does (Qwen3)."""
         c = self.config
-        qkv: Tensor = self.qkv_proj(self.input_layernorm(x))
+        norm, proj = self.input_layernorm, self.qkv_proj
+        qkv = fns.qkv(x, norm.weight, norm.eps, proj.weight, proj.bias)
         if self.q_norm is None or self.k_norm is None:
             return qkv
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
@@ -208,24 +214,25 @@ class DecoderLayer(nn.Module):
         k = self.k_norm(k.reshape(-1, c.num_kv_heads, c.head_dim)).flatten(-2)
         return torch.cat([q, k, v], dim=-1)
 
-    def _mlp(self, x: Tensor) -> Tensor:
-        gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
-        out: Tensor = self.down_proj(F.silu(gate) * up)
-        return out
+    def _mlp(self, x: Tensor, fns: RowFunctions) -> Tensor:
+        norm, gate_up, down = self.post_attention_layernorm, self.gate_up_proj, self.down_proj
+        return fns.mlp(x, norm.weight, norm.eps, gate_up.weight, down.weight)
 
     def forward(
         self, x: Tensor, step: Step, rope: tuple[Tensor, Tensor], cache: KVCache, layer: int, kernels: Kernels
     ) -> Tensor:
         c = self.config
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        q, k, v = torch.split(kernels.rows(self._qkv, x), [q_size, kv_size, kv_size], dim=-1)
+        fns = kernels.row_functions
+        qkv = kernels.rows(lambda rows: self._qkv(rows, fns), x)
+        q, k, v = torch.split(qkv, [q_size, kv_size, kv_size], dim=-1)
         q = _rotate(q.reshape(-1, c.num_heads, c.head_dim), rope)
         k = _rotate(k.reshape(-1, c.num_kv_heads, c.head_dim), rope)
         cache.k[layer][step.slots, step.positions] = k
         cache.v[layer][step.slots, step.positions] = v.reshape(-1, c.num_kv_heads, c.head_dim)
         attended = kernels.attention(q, cache, layer, step).flatten(-2)
         x = x + kernels.rows(self.o_proj, attended)
-        return x + kernels.rows(self._mlp, x)
+        return x + kernels.rows(lambda rows: self._mlp(rows, fns), x)
 
 
 def _rotate(x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from specserve.backends.torch.graphs import GraphRunner
 from specserve.backends.torch.kv_cache import KVCache
 from specserve.backends.torch.model import Decoder, Kernels
 from specserve.backends.torch.row_attention import choose_row_attention
+from specserve.backends.torch.rows import RowFunctions
 from specserve.backends.torch.setup import check_model, resolve_dtype
 from specserve.backends.torch.step_inputs import build_row_step, build_step
 from specserve.backends.torch.weights import load_decoder, open_weights
@@ -71,6 +73,7 @@ class TorchRuntime(ModelRuntime[torch.Tensor]):
         cuda_graphs: bool = True,
         graph_tokens: int = 16,
         attention: str = "auto",
+        compile: bool = False,
         model: Decoder | None = None,
         vocabulary: Any = None,
     ) -> None:
@@ -79,7 +82,8 @@ class TorchRuntime(ModelRuntime[torch.Tensor]):
         (the Triton kernel over the cache in place), ``masked`` (SDPA over gathered keys; the CPU's) or
         ``auto`` (rows where Triton runs: CUDA). ``model`` and ``vocabulary``: run a decoder built in memory
         instead of loading ``path`` (the GPU check's random weights of real shapes); ``path`` then only
-        names it."""
+        names it. ``compile``: the row-wise work through torch.compile (rows.py), compiled here, before
+        the graphs are captured and the self-check runs; ``compile_seconds`` says how long it took."""
         self._path = Path(path)
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -110,6 +114,7 @@ class TorchRuntime(ModelRuntime[torch.Tensor]):
         self.hidden: StepLogits[torch.Tensor] | None = None
         self._closed = False
         self.row_attention = choose_row_attention(attention, config, self.device, context_per_sequence)
+        self.row_functions = RowFunctions()
         self.kernels = self._kernels(exact)
         self.info = RuntimeInfo(
             path=str(self._path),
@@ -127,6 +132,9 @@ class TorchRuntime(ModelRuntime[torch.Tensor]):
         self.graphs: GraphRunner | None = None
         self._graph_rows = max_sequences * graph_tokens if cuda_graphs else 0
         self._events: tuple[Any, Any] | None = None  # CUDA events around the last decode
+        self.compile_seconds: float | None = None
+        if compile:
+            self._compile_rows()
         self._capture_graphs()
         if exact and self_check:
             self._prove_invariance()
@@ -152,7 +160,9 @@ class TorchRuntime(ModelRuntime[torch.Tensor]):
 
     def _kernels(self, exact: bool) -> Kernels:
         return Kernels(
-            TILE_ROWS.get(self.device.type, 32) if exact else None, row_attention=self.row_attention
+            TILE_ROWS.get(self.device.type, 32) if exact else None,
+            row_attention=self.row_attention,
+            row_functions=self.row_functions,
         )
 
     def _capture_graphs(self) -> None:
@@ -163,6 +173,19 @@ class TorchRuntime(ModelRuntime[torch.Tensor]):
         with torch.inference_mode():
             captured = self.graphs.warm()
         log.info("%d CUDA graphs captured (buckets of up to %d rows)", captured, self.graphs.buckets[-1])
+
+    def _compile_rows(self) -> None:
+        """Compile the row functions and generate their kernels now: calls of 1, 2 and 3 rows (the second
+        size makes fast mode's graph dynamic in the rows; exact mode's tiles have one shape)."""
+        started = time.perf_counter()
+        self.row_functions.compile()
+        for rows in (1, 2, 3):
+            self.decode([DecodeChunk(0, [0] * rows, 0, rows)])
+            self.free(0)
+        self.synchronize()
+        self.compile_seconds = time.perf_counter() - started
+        self.info = dataclasses.replace(self.info, build=f"{self.info.build}; compiled rows")
+        log.info("row functions compiled in %.1f s", self.compile_seconds)
 
     def _prove_invariance(self) -> None:
         result = check_batch_invariance(self)
