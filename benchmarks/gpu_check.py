@@ -124,6 +124,7 @@ def run_shape(shape: Shape, plan: Plan, args: argparse.Namespace, report: Report
         torch.cuda.reset_peak_memory_stats(device)
     try:
         started = time.perf_counter()
+        failed_compile: str | None = None
         target = random_decoder(shape.target, device, dtype, plan.context, seed=0)
         draft = random_decoder(shape.draft, device, dtype, plan.context, seed=1)
         for mode, (exact, graphs, attention, compile_rows) in modes.items():
@@ -138,14 +139,27 @@ def run_shape(shape: Shape, plan: Plan, args: argparse.Namespace, report: Report
                 "context": plan.context,
                 "threads": args.threads,
             }
-            runtimes[mode] = open_runtime(name, target, **common)
-            drafts[mode] = open_runtime(f"{name}-draft", draft, self_check=False, **common)
+            try:
+                runtimes[mode] = open_runtime(name, target, **common)
+                drafts[mode] = open_runtime(f"{name}-draft", draft, self_check=False, **common)
+            except Exception as exc:
+                if not compile_rows:
+                    raise
+                # torch.compile failing here (a toolchain, a Triton version) costs its mode, not the shape
+                failed_compile = f"{type(exc).__name__}: {exc}"[:1000]
+                for group in (runtimes, drafts):
+                    if mode in group:
+                        group.pop(mode).close()
         report.data["shapes"][name] = {
             "target": describe(shape.target),
             "draft": describe(shape.draft),
             "load_seconds": round(time.perf_counter() - started, 1),
             "plan": dict(vars(plan)),
         }
+        if "compiled" in runtimes:
+            report.data["shapes"][name]["compile_seconds"] = runtimes["compiled"].compile_seconds
+        elif failed_compile is not None:
+            report.data["shapes"][name]["compile_failed"] = failed_compile
     except Exception as exc:
         for section in SECTIONS:
             report.fail(section, name, exc)

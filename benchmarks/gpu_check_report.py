@@ -146,6 +146,8 @@ def render(data: dict[str, Any]) -> str:
             f"- **{name}**: {t['family']} {t['layers']}L/{t['hidden']} heads {t['heads']} ffn {t['ffn']} "
             f"vocab {t['vocab']} ({_count(t['params'])}); "
             f"draft {d['layers']}L/{d['hidden']} ({_count(d['params'])})"
+            + (f"; --compile: {_fmt(shape['compile_seconds'], 1)} s" if shape.get("compile_seconds") else "")
+            + (f"; --compile failed: `{shape['compile_failed']}`" if "compile_failed" in shape else "")
         )
     for skip in data["skipped"]:
         lines.append(f"- **{skip['shape']}** skipped: {skip['why']}")

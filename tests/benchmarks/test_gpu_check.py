@@ -94,6 +94,25 @@ def test_cpu_dry_run_writes_every_section(tmp_path: Path, one_thread: None) -> N
             assert all(_positive(row[k]) for k in ("engine_tokens_per_s", "server_tokens_per_s"))
 
 
+def test_a_failed_compile_costs_its_mode_not_the_shape(
+    tmp_path: Path, one_thread: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import benchmarks.gpu_check as gpu_check
+
+    def refusing(name: str, model: Any, **kwargs: Any) -> TorchRuntime:
+        if kwargs.get("compile"):
+            raise RuntimeError("no C++ compiler")
+        return open_runtime(name, model, **kwargs)
+
+    monkeypatch.setattr(gpu_check, "open_runtime", refusing)
+    args = ["--output-dir", str(tmp_path), "--device", "cpu", "--tiny", "--threads", "1", "--dtype"]
+    assert main([*args, "float32", "--shapes", "tiny-qwen2"]) == 0
+    data = json.loads((tmp_path / "gpu-check.json").read_text())
+    assert data["shapes"]["tiny-qwen2"]["compile_failed"] == "RuntimeError: no C++ compiler"
+    assert not data["errors"] and set(data["plain"]["tiny-qwen2"]["modes"]) == {"eager", "exact"}
+    assert "--compile failed" in (tmp_path / "gpu-check.md").read_text()
+
+
 @pytest.mark.parametrize("shape", TINY_SHAPES, ids=lambda shape: shape.name)
 def test_a_written_checkpoint_loads_back_as_the_same_model(shape: Shape, tmp_path: Path) -> None:
     """The serve section's checkpoint: the torch runtime reads it back to the logits of the model in memory

@@ -175,8 +175,9 @@ class TorchRuntime(ModelRuntime[torch.Tensor]):
         log.info("%d CUDA graphs captured (buckets of up to %d rows)", captured, self.graphs.buckets[-1])
 
     def _compile_rows(self) -> None:
-        """Compile the row functions and generate their kernels now: calls of 1, 2 and 3 rows (the second
-        size makes fast mode's graph dynamic in the rows; exact mode's tiles have one shape)."""
+        """Compile the row functions and generate their kernels now, with calls of 1 row (a size Dynamo
+        always specializes), 2 and 3 rows (a second size past 1 recompiles fast mode's graph dynamic in the
+        rows; exact mode's tiles have one shape whatever the call)."""
         started = time.perf_counter()
         self.row_functions.compile()
         for rows in (1, 2, 3):
