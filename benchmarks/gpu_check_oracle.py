@@ -13,11 +13,15 @@ divergence and stops drafting, and the report says where the outputs first diffe
 from __future__ import annotations
 
 import time
+import warnings
+from collections import Counter
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from benchmarks.gpu_check_timing import context_tokens, warm_shapes
 from specserve.drafters.base import Drafter, DraftOption, Proposal
@@ -116,10 +120,7 @@ def generate(
 ) -> Run:
     """One greedy request through a fresh :class:`SpeculativeEngine` over ``runtime`` (plain without a
     drafter)."""
-    drafters = {} if drafter is None else {drafter.name: drafter}
-    options = EngineOptions(tuple(drafters), num_draft_tokens, speculation_enabled=bool(drafters))
-    costs = costs or CostModel(flat_costs())
-    engine = SpeculativeEngine(runtime, drafters, policy or FixedLengthPolicy(), costs, options)
+    engine = _engine(runtime, drafter, policy, costs, num_draft_tokens)
     seq = engine.add_request(
         "gpu-check", prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True, seed=0)
     )
@@ -134,6 +135,61 @@ def generate(
         mean_acceptance_length=stats.mean_acceptance_length if stats.num_drafts else 1.0,
         acceptance_rate=stats.acceptance_rate if stats.num_draft_tokens else 0.0,
     )
+
+
+def _engine(
+    runtime: Any,
+    drafter: Drafter | None,
+    policy: DraftLengthPolicy | None,
+    costs: CostModel | None,
+    num_draft_tokens: int,
+) -> SpeculativeEngine:
+    drafters = {} if drafter is None else {drafter.name: drafter}
+    options = EngineOptions(tuple(drafters), num_draft_tokens, speculation_enabled=bool(drafters))
+    policy = policy or FixedLengthPolicy()
+    return SpeculativeEngine(runtime, drafters, policy, costs or CostModel(flat_costs()), options)
+
+
+def host_waits(
+    runtime: Any, prompt: list[int], reference: Seq[int], k: int, tokens: int = 32
+) -> dict[str, Any]:
+    """Synchronizing CUDA calls per engine step, as torch's sync debug mode reports them (a warning each),
+    plain and with oracle drafts at α = 0.8 (greedy and sampled): the aim is one, the verifier's read.
+    The lines that made them are kept, most frequent first."""
+    out: dict[str, Any] = {}
+    vocab = runtime.config.vocab_size
+    for label, temperature, drafter in (
+        ("plain", 0.0, None),
+        ("drafts", 0.0, OracleDrafter(reference, 0.8, vocab, seed=7)),
+        ("drafts, sampled", 0.8, OracleDrafter(reference, 0.8, vocab, seed=8)),
+    ):
+        engine = _engine(runtime, drafter, None, None, k)
+        engine.add_request(
+            "waits",
+            prompt,
+            SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=temperature, seed=0),
+        )
+        steps = 0
+        debug = runtime.device.type == "cuda"  # on a CPU: the loop runs, and nothing can wait
+        if debug:
+            torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                while engine.has_work():
+                    engine.step()
+                    steps += 1
+        finally:
+            if debug:
+                torch.cuda.set_sync_debug_mode("default")
+        waits = [w for w in caught if "synchroniz" in str(w.message)]
+        where = Counter(f"{Path(w.filename).name}:{w.lineno}" for w in waits)
+        out[label] = {
+            "steps": steps,
+            "waits_per_step": round(len(waits) / max(1, steps), 2),
+            "where": dict(where.most_common(6)),
+        }
+    return out
 
 
 def first_difference(a: Seq[int], b: Seq[int]) -> int | None:
@@ -209,6 +265,8 @@ def oracle_runs(
                 else None,
             }
         )
+    if runtime.device.type == "cuda":
+        result["host_waits"] = host_waits(runtime, prompt, reference, k)
     again = generate(runtime, prompt, max_tokens)
     plain_rates.append(again.tokens_per_s)
     plain_rate = sum(plain_rates) / len(plain_rates)

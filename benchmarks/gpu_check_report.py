@@ -223,6 +223,11 @@ def render(data: dict[str, Any]) -> str:
                     f"{entry['max_tokens']} tokens, distinct {entry['distinct_fraction']}, plain repeatable "
                     f"{entry.get('plain_repeatable')}" + (f"; {entry['note']}" if "note" in entry else "")
                 )
+                for case, waits in entry.get("host_waits", {}).items():
+                    lines.append(
+                        f"{label}, {case}: {waits['waits_per_step']} host waits per step over "
+                        f"{waits['steps']} steps (CUDA sync debug mode; aim 1): {waits['where']}"
+                    )
         lines.append("")
     lines += ["## exact\n"]
     for name, entry in data["exact"].items():

@@ -20,7 +20,7 @@ import torch
 from benchmarks.gpu_check import main
 from benchmarks.gpu_check_checkpoint import write_checkpoint
 from benchmarks.gpu_check_models import TINY_SHAPES, Shape, open_runtime, random_decoder
-from benchmarks.gpu_check_oracle import OracleDrafter
+from benchmarks.gpu_check_oracle import OracleDrafter, generate, host_waits
 from benchmarks.gpu_check_report import SECTIONS, plain_section, render, verify_section
 from benchmarks.gpu_check_timing import context_tokens
 from specserve.backends.base import DecodeChunk
@@ -157,6 +157,25 @@ def test_oracle_drafter_replays_or_breaks_the_reference() -> None:
     assert perfect.available(seq, 8).max_tokens == 0 and perfect.diverged_at == 2
 
 
+def test_host_waits_runs_each_case_to_its_end(one_thread: None) -> None:
+    """The oracle's count of host waits per step (CUDA's sync debug mode on a GPU): on a CPU nothing can
+    wait, and each case still runs its steps to the end, plain and with greedy and sampled drafts."""
+    model = random_decoder(TINY_SHAPES[0].target, torch.device("cpu"), torch.float32, 128)
+    runtime = open_runtime(
+        "waits", model, device=torch.device("cpu"), dtype="float32", exact=True, graphs=False,
+        max_sequences=2, context=128, self_check=False, threads=1,
+    )  # fmt: skip
+    try:
+        prompt = context_tokens(TINY_SHAPES[0].target.vocab_size, 16, seed=2)
+        reference = generate(runtime, prompt, 12).output  # what the oracle drafts from
+        counted = host_waits(runtime, prompt, reference, k=4, tokens=12)
+    finally:
+        runtime.close()
+    assert set(counted) == {"plain", "drafts", "drafts, sampled"}
+    assert counted["plain"]["steps"] == 12 and all(c["waits_per_step"] == 0 for c in counted.values())
+    assert counted["drafts"]["steps"] < 12  # drafts were accepted: fewer steps than tokens
+
+
 def test_report_with_graphs_and_a_known_peak() -> None:
     """The CUDA-only branches (graphs mode, HBM share) that the CPU dry run cannot reach."""
     model_stub = torch.nn.Module()
@@ -191,10 +210,27 @@ def test_report_with_graphs_and_a_known_peak() -> None:
         "skipped": [{"shape": "llama-3.1-8b", "why": "budget"}],
         "plain": {"s": plain},
         "verify": {"s": verify},
-        "oracle": {"s": {"error": "RuntimeError: boom"}},
+        "oracle": {
+            "s": {"error": "RuntimeError: boom"},
+            "t": {
+                "fast": {
+                    "exactness": "off",
+                    "num_draft_tokens": 8,
+                    "runs": [],
+                    "plain_tokens_per_s": 90.0,
+                    "max_tokens": 64,
+                    "distinct_fraction": 0.5,
+                    "plain_repeatable": True,
+                    "host_waits": {
+                        "plain": {"steps": 32, "waits_per_step": 1.0, "where": {"device.py:58": 32}}
+                    },
+                }
+            },
+        },
         "exact": {},
         "errors": [{"section": "oracle", "shape": "s", "error": "RuntimeError: boom"}],
     }
     text = render(data)
     assert "| graphs | 1 | 2.000 | 500.0 |" in text and "llama-3.1-8b** skipped" in text
     assert "failed: `RuntimeError: boom`" in text and "## errors" in text
+    assert "fast, plain: 1.0 host waits per step over 32 steps" in text

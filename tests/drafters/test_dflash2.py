@@ -148,6 +148,30 @@ def test_greedy_output_equals_plain(models: LoadedModels) -> None:
     assert stats.num_draft_tokens <= 3 * stats.num_drafts  # block 4: at most 3 drafts per step
 
 
+def test_a_step_with_block_drafts_makes_the_host_wait_twice(models: LoadedModels) -> None:
+    """A step that drafts reads the device twice, the proposal's ids (with its finiteness check) and the
+    verifier's emitted ids, and uploads nothing that waits for the stream; the selector's walk never
+    asks the device whether a row samples (tests/support/host_waits.py)."""
+    from support.host_waits import HostWaits
+
+    for slot in range(models.target.info.max_sequences):  # other tests' engines left prefixes there
+        models.target.free(slot)
+    engine = models.engine(drafters=("dflash2",), policy=models.policy("fixed"), num_draft_tokens=3)
+    prompt = models.target.tokenize(CODE * 3)
+    for n, params in enumerate(
+        [SamplingParams(max_tokens=24), SamplingParams(temperature=0.7, seed=2, max_tokens=24)]
+    ):
+        for i in range(3):
+            engine.add_request(f"{n}-{i}", prompt[: 24 + 9 * i], params)
+        while engine.has_work():
+            drafts = engine.stats.num_drafts
+            with HostWaits() as audit:
+                engine.step()
+            assert not audit.copies(), audit.copies()
+            assert len(audit.reads()) <= (2 if engine.stats.num_drafts > drafts else 1), audit.reads()
+    assert engine.stats.num_drafts > 0
+
+
 def test_block_size_setting_cuts_the_block(models: LoadedModels) -> None:
     drafter: Any = models.drafters["dflash2"]
     assert drafter.block_size == 4 and drafter.top_k == 8

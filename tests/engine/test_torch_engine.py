@@ -147,3 +147,45 @@ def test_knobs_grammar_and_logprobs_on_the_device_path(models: LoadedModels) -> 
         assert spec == plain and drafts > 0
     for output in plain[0]:  # the constrained run's three outputs
         assert set(json.loads(models.target.detokenize(output))) == {"name", "n"}
+
+
+def test_a_step_makes_the_host_wait_once(models: LoadedModels) -> None:
+    """Every step on the device path reads the device once (the verifier's emitted ids) and uploads nothing
+    that would wait for the forward pass: greedy and sampled, with n-gram drafts, a grammar, penalties and
+    logit_bias (tests/support/host_waits.py reads the calls a CUDA device would wait on)."""
+    import json
+
+    from specserve.request import GrammarSpec
+    from support.host_waits import HostWaits
+
+    grammar = GrammarSpec("json_schema", json.dumps(SCHEMA))
+    cases = [
+        SamplingParams(temperature=0.0, max_tokens=24),
+        SamplingParams(temperature=0.7, top_k=5, top_p=0.9, seed=3, max_tokens=24),
+        SamplingParams(max_tokens=40, grammar=grammar, frequency_penalty=0.5, logit_bias=((7, 2.0),)),
+        SamplingParams(
+            temperature=0.8,
+            seed=5,
+            max_tokens=40,
+            grammar=grammar,
+            presence_penalty=0.4,
+            repetition_penalty=1.2,
+        ),
+    ]
+    for slot in range(models.target.info.max_sequences):  # other tests' engines left prefixes there
+        models.target.free(slot)
+    # No prefix cache: a spill of a slot's prefix to the host tier reads its KV (a wait of its own).
+    engine = models.engine(drafters=("ngram",), policy=models.policy("fixed"), num_draft_tokens=4)
+    prompt = models.target.tokenize(CODE * 3)
+    for n, params in enumerate(cases):
+        for i in range(3):
+            engine.add_request(f"{n}-{i}", prompt[: 24 + 9 * i], params)
+        steps = 0
+        while engine.has_work():
+            with HostWaits() as audit:
+                engine.step()
+            steps += 1
+            assert not audit.copies(), (params, audit.copies())
+            assert len(audit.reads()) <= 1, (params, audit.reads())
+        assert steps > 3
+    assert engine.stats.num_drafts > 0

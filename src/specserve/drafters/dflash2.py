@@ -23,11 +23,14 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from specserve.backends.base import BackendError
 from specserve.backends.torch.dflash2 import BlockDrafterNet, TargetFeatures
 from specserve.backends.torch.kv_cache import KVCache
+from specserve.backends.torch.transfer import upload
 from specserve.drafters.base import Drafter, DrafterError, DraftOption, Proposal
 from specserve.drafters.dflash2_walk import walk
 from specserve.drafters.registry import DrafterContext
@@ -148,19 +151,26 @@ class BlockDrafter(Drafter):
             self._project(seq.slot, state)
             spans.append((state.start, state.end))
         k = max(num_tokens)
-        temperatures = torch.tensor([0.0 if s.params.greedy else s.params.temperature for s in seqs])
-        uniforms = torch.zeros(len(seqs), k, dtype=torch.float64)
+        temperatures = np.array([0.0 if s.params.greedy else s.params.temperature for s in seqs], np.float32)
+        uniforms = np.zeros((len(seqs), k), np.float64)
         for row, seq in enumerate(seqs):
             if not seq.params.greedy:
-                uniforms[row] = torch.from_numpy(seq.uniforms.take(DRAFT_STREAM, len(seq.output_ids), k))
+                uniforms[row] = seq.uniforms.take(DRAFT_STREAM, len(seq.output_ids), k)
         anchors = [seq.tokens[-1] for seq in seqs]
         positions = [seq.num_tokens - 1 for seq in seqs]
         tokens, q, candidates = self._block(
             anchors, [s.slot for s in seqs], spans, positions, k, temperatures, uniforms
         )
-        host_tokens = tokens.tolist()  # the one wait of a proposal
-        if q is not None and not bool(torch.isfinite(q).all()):
+        # The one wait of a proposal: the drafted ids and whether q is finite, in one transfer.
+        finite = (
+            torch.isfinite(q).all()
+            if q is not None
+            else torch.ones((), dtype=torch.bool, device=tokens.device)
+        )
+        *flat, finite_flag = torch.cat([tokens.reshape(-1), finite.to(tokens.dtype)[None]]).tolist()
+        if not finite_flag:
             raise DrafterError("dflash2 produced non-finite draft probabilities")
+        host_tokens = [flat[row * k : (row + 1) * k] for row in range(len(seqs))]
         proposals = []
         for row, (seq, n) in enumerate(zip(seqs, num_tokens, strict=True)):
             probs = None
@@ -176,18 +186,20 @@ class BlockDrafter(Drafter):
         spans: list[tuple[int, int]],
         positions: list[int],
         k: int,
-        temperatures: torch.Tensor,  # [S] float32 (0: greedy)
-        uniforms: torch.Tensor,  # [S, k] float64
+        temperatures: npt.NDArray[np.float32],  # [S] (0: greedy)
+        uniforms: npt.NDArray[np.float64],  # [S, k]
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """One block forward for S sequences, the head on its first ``k`` drafted positions, the walk."""
         c, device = self.net.config, self.target.device
-        ids = torch.full((len(anchors), self.block_size), c.mask_token_id, dtype=torch.long)
-        ids[:, 0] = torch.tensor(anchors)
-        ids = ids.to(device)
+        ids_host = np.full((len(anchors), self.block_size), c.mask_token_id, dtype=np.int64)
+        ids_host[:, 0] = anchors
+        inputs = upload({"ids": ids_host, "temperatures": temperatures, "uniforms": uniforms}, device)
+        ids = inputs["ids"]
         embeddings = self.target.model.embed_tokens(ids) * c.input_embedding_scale
         hidden = self.net(embeddings, self.cache, slots, spans, positions)[:, 1 : 1 + k]
         logits = self.net.logits(hidden, self.target.model.lm_head)
-        return walk(self.net, hidden, logits, ids[:, 0], temperatures.to(device), uniforms.to(device))
+        sampling = bool((temperatures > 0).any())  # on the host: the walk never asks the device
+        return walk(self.net, hidden, logits, ids[:, 0], inputs["temperatures"], inputs["uniforms"], sampling)
 
     def measure(self, context_tokens: int = 32, repeats: int = 3) -> dict[int, float]:
         """Time one proposal (greedy, one sequence, a short context on the cache's scratch slot) for the
@@ -209,8 +221,8 @@ class BlockDrafter(Drafter):
                         [(0, context_tokens)],
                         [context_tokens],
                         k,
-                        torch.zeros(1),
-                        torch.zeros(1, k),
+                        np.zeros(1, np.float32),
+                        np.zeros((1, k)),
                     )
                     tokens.tolist()
                     times.append(time.perf_counter() - started)

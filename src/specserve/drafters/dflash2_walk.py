@@ -16,7 +16,8 @@ def walk(
     logits: Tensor,  # [S, P, vocab] float32
     anchors: Tensor,  # [S] int64
     temperatures: Tensor,  # [S] float32; 0: greedy
-    uniforms: Tensor,  # [S, P] float32 in [0, 1): the draws of sampled sequences
+    uniforms: Tensor,  # [S, P] float64 in [0, 1): the draws of sampled sequences
+    sampling: bool,  # whether any temperature is > 0, known on the host: the walk never waits for the device
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """The drafted path ``[S, P]`` int64 and, when any sequence samples, each position's draft
     distribution: ``q [S, P, K]`` float32 over ``candidates [S, P, K]`` (DFlash2), or ``q [S, P, vocab]``
@@ -26,7 +27,7 @@ def walk(
     scale = torch.where(sampled, temperatures, 1.0)[:, None]
     if net.candidate_selector is None:
         greedy = logits.argmax(-1)
-        if not bool(sampled.any()):
+        if not sampling:
             return greedy, None, None
         q = torch.softmax(logits / scale[..., None], dim=-1)
         tokens = torch.where(sampled[:, None], inverse_cdf(q, uniforms), greedy)
@@ -40,7 +41,7 @@ def walk(
             projected[:, position], unary[:, position], candidates[:, position], predecessor
         )
         index = scores.argmax(-1)
-        if bool(sampled.any()):
+        if sampling:
             q = torch.softmax(scores / scale, dim=-1)
             index = torch.where(sampled, inverse_cdf(q, uniforms[:, position]), index)
             q_rows.append(q)

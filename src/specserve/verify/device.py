@@ -15,8 +15,9 @@ the target choice where it stopped, except that a draft-probs request rejected w
 landing within float64 rounding of a cumulative boundary, as torch and numpy sum in different orders).
 
 The host builds the step's small index and knob arrays in one loop over the requests and sends them in one
-copy per dtype; the emitted ids come back in one copy at the end. Requests with a grammar or penalties have
-their rows adjusted on the device first (verify/device_adjust.py).
+non-blocking copy per dtype (backends/torch/transfer.py: pinned on CUDA, so the host does not wait for the
+forward pass); the emitted ids come back in one copy at the end, the step's one wait. Requests with a
+grammar or penalties have their rows adjusted on the device first (verify/device_adjust.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from specserve.backends.torch.transfer import upload
 from specserve.verify.device_adjust import adjusted_logits
 from specserve.verify.device_sampling import filter_logits_to_probs, greedy_argmax, sample_inverse_cdf
 from specserve.verify.greedy import accept_greedy_choices
@@ -164,10 +166,17 @@ class StepTensors:
         }
         if host_probs:
             float_arrays["draft_probs"] = np.concatenate([np.zeros((0, vocab)), *dp_probs])
-        tensors = _upload(int_arrays, np.int64, device) | _upload(float_arrays, np.float64, device)
+        tensors = upload(
+            {n: np.asarray(a, np.int64) for n, a in int_arrays.items()}
+            | {n: np.asarray(a, np.float64) for n, a in float_arrays.items()},
+            device,
+        )
         if not host_probs:
             tensors["draft_probs"] = torch.cat(
-                [torch.as_tensor(x).to(device=device, dtype=torch.float64) for x in dp_probs]
+                [
+                    torch.as_tensor(x).to(device=device, dtype=torch.float64, non_blocking=True)
+                    for x in dp_probs
+                ]
             )
         return cls(
             **tensors,
@@ -306,14 +315,3 @@ def _checked(
     if uniforms.shape != (size,):
         raise ValueError(f"{where}: {name} must have shape [{size}], got {list(uniforms.shape)}")
     return np.asarray(uniforms, dtype=np.float64)
-
-
-def _upload(
-    arrays: dict[str, npt.NDArray[Any]], dtype: type[np.generic], device: torch.device
-) -> dict[str, torch.Tensor]:
-    """One host→device copy for several arrays of one dtype: packed flat here, split into views there."""
-    flat = np.concatenate([np.asarray(a, dtype=dtype).ravel() for a in arrays.values()])
-    sizes = [a.size for a in arrays.values()]
-    packed = torch.from_numpy(flat).to(device)
-    parts = torch.split(packed, sizes)
-    return {name: part.view(a.shape) for (name, a), part in zip(arrays.items(), parts, strict=True)}

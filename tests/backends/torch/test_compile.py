@@ -79,3 +79,41 @@ def test_greedy_speculation_equals_plain_with_compiled_rows(tiny_models: TinyMod
         assert outputs[0] == outputs[1] and all(len(t) == 32 for t in outputs[0].values())
     finally:
         loaded.close()
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_compiled_rope_and_cache_write_equal_eager(rows: int) -> None:
+    """RoPE of q and k with k and v written into the cache, fused: the same bits as eager (elementwise, no
+    reduction), every other cache position untouched (written in place, not a copy of the cache), at the
+    head layout of Qwen2.5-1.5B (12 query heads, 2 KV heads of 128)."""
+    from torch import Tensor
+
+    from specserve.backends.torch.rows import rope_write
+
+    compiled = torch.compile(rope_write, fullgraph=True)
+    generator = torch.Generator().manual_seed(rows)
+
+    def randn(*shape: int) -> Tensor:
+        drawn: Tensor = torch.randn(*shape, generator=generator)
+        return drawn
+
+    q, k, v, cos, sin = (
+        randn(rows, 12, 128),
+        randn(rows, 2, 128),
+        randn(rows, 2, 128),
+        randn(rows, 1, 128),
+        randn(rows, 1, 128),
+    )
+    slots = torch.randint(0, 4, (rows,), generator=generator)
+    positions = torch.randperm(64, generator=generator)[:rows]
+    caches = [(randn(4, 64, 2, 128), randn(4, 64, 2, 128)) for _ in range(2)]
+    before = caches[0][0].clone(), caches[0][1].clone()
+    caches[1] = (caches[0][0].clone(), caches[0][1].clone())
+    eager_q = rope_write(q, k, v, cos, sin, *caches[0], slots, positions)
+    compiled_q = compiled(q, k, v, cos, sin, *caches[1], slots, positions)
+    assert torch.equal(eager_q, compiled_q)
+    for eager, fused, old in zip(caches[0], caches[1], before, strict=True):
+        assert torch.equal(eager, fused)
+        untouched = torch.ones(4, 64, dtype=torch.bool)
+        untouched[slots, positions] = False
+        assert torch.equal(fused[untouched], old[untouched]) and not torch.equal(fused, old)

@@ -118,7 +118,9 @@ def our_rounds(
             hidden = net(F.embedding(ids, embed.weight), cache, [slot], [(0, start)], [start])[:, 1:]
             assert cache.lengths[slot] == start  # the block's keys never enter the cache
             logits = net.logits(hidden, head)
-            tokens, _, _ = walk(net, hidden, logits, ids[:, 0], torch.zeros(1), torch.zeros(1, block - 1))
+            tokens, _, _ = walk(
+                net, hidden, logits, ids[:, 0], torch.zeros(1), torch.zeros(1, block - 1), False
+            )
             results.append((logits[0], tokens[0]))
     return results
 

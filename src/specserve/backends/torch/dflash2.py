@@ -23,12 +23,14 @@ their published names without ``.weight``: :func:`published_name`).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specserve.backends.torch.kv_cache import KVCache
 from specserve.backends.torch.model import RMSNorm
+from specserve.backends.torch.transfer import upload_array
 from specserve.models.block_drafter import BlockDrafterConfig
 
 CODEBOOKS = ("candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook")
@@ -208,7 +210,7 @@ class BlockDrafterNet(nn.Module):
 
     def rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos, sin ``[*positions.shape, 1, head_dim]``: computed in float32, used in the model dtype."""
-        angles = positions.float()[..., None] * self.inv_freq.to(positions.device)
+        angles = positions.float()[..., None] * self.inv_freq  # a buffer: on the module's device
         angles = torch.cat([angles, angles], dim=-1)[..., None, :]
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
@@ -237,11 +239,12 @@ class BlockDrafterNet(nn.Module):
         s, b, _ = embeddings.shape
         device = embeddings.device
         longest = max(1, max(end for _, end in spans))
-        firsts = torch.tensor([first for first, _ in spans], device=device)
-        ends = torch.tensor([end for _, end in spans], device=device)
-        slot_index = torch.tensor(slots, device=device)
+        # One non-blocking copy: [first, end, slot, anchor] per sequence.
+        host = [(*span, slot, anchor) for span, slot, anchor in zip(spans, slots, anchors, strict=True)]
+        rows = upload_array(np.array(host, np.int64).reshape(s, 4), device)
+        firsts, ends, slot_index = rows[:, 0], rows[:, 1], rows[:, 2]
         keys = torch.arange(longest, device=device)
-        positions = torch.tensor(anchors, device=device)[:, None] + torch.arange(b, device=device)[None, :]
+        positions = rows[:, 3, None] + torch.arange(b, device=device)[None, :]
         rope = self.rope(positions, embeddings.dtype)
         in_context = (keys[None, :] >= firsts[:, None]) & (keys[None, :] < ends[:, None])  # [S, L]
         block = torch.ones(s, b, dtype=torch.bool, device=device)

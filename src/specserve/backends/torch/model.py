@@ -226,20 +226,19 @@ class DecoderLayer(nn.Module):
         fns = kernels.row_functions
         qkv = kernels.rows(lambda rows: self._qkv(rows, fns), x)
         q, k, v = torch.split(qkv, [q_size, kv_size, kv_size], dim=-1)
-        q = _rotate(q.reshape(-1, c.num_heads, c.head_dim), rope)
-        k = _rotate(k.reshape(-1, c.num_kv_heads, c.head_dim), rope)
-        cache.k[layer][step.slots, step.positions] = k
-        cache.v[layer][step.slots, step.positions] = v.reshape(-1, c.num_kv_heads, c.head_dim)
+        q = fns.rope_write(
+            q.reshape(-1, c.num_heads, c.head_dim),
+            k.reshape(-1, c.num_kv_heads, c.head_dim),
+            v.reshape(-1, c.num_kv_heads, c.head_dim),
+            *rope,
+            cache.k[layer],
+            cache.v[layer],
+            step.slots,
+            step.positions,
+        )
         attended = kernels.attention(q, cache, layer, step).flatten(-2)
         x = x + kernels.rows(self.o_proj, attended)
         return x + kernels.rows(lambda rows: self._mlp(rows, fns), x)
-
-
-def _rotate(x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
-    """Rotate-half RoPE: ``x [N, heads, head_dim]``, ``cos, sin [N, 1, head_dim]`` at each row's position."""
-    cos, sin = rope
-    first, second = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-second, first], dim=-1) * sin
 
 
 class Decoder(nn.Module):

@@ -173,7 +173,7 @@ def acceptance_length(
         tokens = example.tokens.to(embed.weight.device)
         zeros = torch.zeros(anchors.shape[0], device=logits.device)
         drafted, _, _ = walk(
-            net, states, logits, tokens[anchors], zeros, zeros[:, None].expand(-1, block - 1)
+            net, states, logits, tokens[anchors], zeros, zeros[:, None].expand(-1, block - 1), sampling=False
         )
         truth = tokens[anchors[:, None] + torch.arange(1, block, device=logits.device)[None, :]]
         accepted = (drafted == truth).long().cumprod(-1).sum(-1)
