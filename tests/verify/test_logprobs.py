@@ -31,3 +31,21 @@ def test_device_logprobs_equal_the_host() -> None:
         assert h.token_id == d.token_id and h.logprob == pytest.approx(d.logprob, abs=1e-6)
         assert [t for t, _ in h.top] == [t for t, _ in d.top]
         assert np.allclose([v for _, v in h.top], [v for _, v in d.top], atol=1e-6)
+
+
+def test_a_steps_logprobs_in_one_call_equal_each_requests_alone() -> None:
+    """Several requests of one step, each with its own rows and top_n (0 included), through one device call
+    (one upload, one read): what each gets alone from the host."""
+    torch = pytest.importorskip("torch")
+    from specserve.verify.logprobs import step_token_logprobs
+
+    rng = np.random.default_rng(1)
+    rows = (rng.normal(size=(9, 400)) * 3).astype(np.float32)
+    requests = [(0, [5, 7], 2), (2, [11], 0), (3, [1, 2, 3, 4], 6), (7, [399, 0], 1)]
+    batched = step_token_logprobs(torch.from_numpy(rows), requests)
+    for (first, ids, top_n), got in zip(requests, batched, strict=True):
+        alone = token_logprobs(rows[first : first + len(ids)], ids, top_n)
+        assert [e.token_id for e in got] == ids and [len(e.top) for e in got] == [top_n] * len(ids)
+        for h, d in zip(alone, got, strict=True):
+            assert h.logprob == pytest.approx(d.logprob, abs=1e-6)
+            assert [t for t, _ in h.top] == [t for t, _ in d.top]

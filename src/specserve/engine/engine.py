@@ -19,7 +19,7 @@ from specserve.drafters.base import Drafter, Proposal
 from specserve.engine.cost_model import CostModel
 from specserve.engine.draft_policy import DraftLengthPolicy, DraftPlan
 from specserve.engine.drafting import Drafting
-from specserve.engine.emitting import Emitting, verify_request
+from specserve.engine.emitting import Emitting, emitted_logprobs, verify_request
 from specserve.engine.options import EngineOptions
 from specserve.engine.outputs import EngineOutput, request_end, request_start
 from specserve.engine.prefix_cache import PrefixCache
@@ -31,7 +31,7 @@ from specserve.request import PositionalUniforms, SamplingParams
 from specserve.sequence import Sequence, SequenceStatus, SpeculationOptions
 from specserve.structured.grammar import GrammarCompiler
 from specserve.verify import Verifier, VerifyRequest, verifier_for
-from specserve.verify.logprobs import TokenLogprobs, token_logprobs
+from specserve.verify.logprobs import TokenLogprobs
 
 log = logging.getLogger("specserve.engine")
 
@@ -157,10 +157,11 @@ class SpeculativeEngine:
         logits = self._evaluate(batch.prefills, batch.decodes, proposals)
         emitting = self._emitting(batch.prefills, batch.decodes, plans, proposals)
         emitted = self._verify(emitting, logits)
+        logprobs = emitted_logprobs(emitting, emitted, logits)
         self._account(batch.prefills, batch.decodes)
         outputs = [
-            self._isolated(e.seq, self._commit_step, e, tokens, logits)
-            for e, tokens in zip(emitting, emitted, strict=True)
+            self._isolated(e.seq, self._commit_step, e, tokens, entries)
+            for e, tokens, entries in zip(emitting, emitted, logprobs, strict=True)
         ]
         return [o for o in outputs if o is not None]
 
@@ -267,18 +268,20 @@ class SpeculativeEngine:
     # -- commit / rollback ------------------------------------------------------------------------
 
     def _commit_step(
-        self, emitting: Emitting, emitted: list[int] | Exception, logits: StepLogits[Any]
+        self,
+        emitting: Emitting,
+        emitted: list[int] | Exception,
+        entries: list[TokenLogprobs] | Exception | None,
     ) -> EngineOutput:
         """Accepted drafts plus one target token: roll back the rejected drafts' KV, then append (with their
-        logprobs, from the rows that chose them, when the request asked)."""
+        logprobs when the request asked)."""
         if emitting.error is not None:
             raise emitting.error
         if isinstance(emitted, Exception):
             raise emitted
+        if isinstance(entries, Exception):
+            raise entries
         seq, plan = emitting.seq, emitting.plan
-        entries = None
-        if seq.params.logprobs is not None:
-            entries = token_logprobs(logits[emitting.chunk][: len(emitted)], emitted, seq.params.logprobs)
         if plan is None:  # the first token after the prompt
             if self.prefix_cache is not None:
                 self.prefix_cache.prefilled(seq)

@@ -42,17 +42,29 @@ def token_logprobs(
     """Each token's logprob in its row, and each row's ``top_n`` most likely tokens."""
     if len(token_ids) == 0:
         return []
+    return step_token_logprobs(rows, [(0, token_ids, top_n)])[0]
+
+
+def step_token_logprobs(
+    rows: Any,  # [R, vocab] numpy float32 or a torch tensor: a step's logits rows
+    requests: Sequence[tuple[int, Sequence[int], int]],  # (first row, token_ids, top_n) each
+) -> list[list[TokenLogprobs]]:
+    """:func:`token_logprobs` of several requests of one step, row ``first + i`` having chosen
+    ``token_ids[i]``: on a device one upload and one read for all of them, not two per request."""
     if isinstance(rows, np.ndarray):
-        chosen, top_ids, top_values = _host(rows, token_ids, top_n)
+        found = [_host(rows[first : first + len(ids)], ids, n) for first, ids, n in requests]
     else:
-        chosen, top_ids, top_values = _device(rows, token_ids, top_n)
+        found = _device(rows, requests)
     return [
-        TokenLogprobs(
-            int(t),
-            float(chosen[i]),
-            tuple((int(a), float(b)) for a, b in zip(top_ids[i], top_values[i], strict=True)),
-        )
-        for i, t in enumerate(token_ids)
+        [
+            TokenLogprobs(
+                int(t),
+                float(chosen[i]),
+                tuple((int(a), float(b)) for a, b in zip(top_ids[i][:n], top_values[i][:n], strict=True)),
+            )
+            for i, t in enumerate(ids)
+        ]
+        for (_, ids, n), (chosen, top_ids, top_values) in zip(requests, found, strict=True)
     ]
 
 
@@ -79,16 +91,28 @@ def _host(
     return chosen, top, top_values
 
 
-def _device(rows: Any, token_ids: Sequence[int], top_n: int) -> tuple[Any, Any, Any]:
-    """On the logits' device: a log-softmax and ``topk``; only the numbers asked for come back."""
+def _device(rows: Any, requests: Sequence[tuple[int, Sequence[int], int]]) -> list[tuple[Any, Any, Any]]:
+    """On the logits' device: a log-softmax of the rows asked for and one ``topk`` at the largest top_n;
+    the row indices and ids go up in one non-blocking copy, only the numbers asked for come back."""
     import torch
 
-    values = torch.log_softmax(rows[: len(token_ids)].double(), dim=-1)
-    ids = torch.tensor(list(token_ids), device=values.device)
-    chosen = values.gather(1, ids[:, None])[:, 0]
-    top_values, top_ids = torch.topk(values, top_n, dim=-1) if top_n else (values[:, :0], ids[:, None][:, :0])
-    packed = torch.cat([chosen[:, None], top_values, top_ids.double()], dim=1).cpu()
-    return packed[:, 0].numpy(), packed[:, 1 + top_n :].long().numpy(), packed[:, 1 : 1 + top_n].numpy()
+    from specserve.backends.torch.transfer import upload
+
+    index = [first + i for first, ids, _ in requests for i in range(len(ids))]
+    if not index:
+        return [(np.zeros(0), np.zeros((0, 0), np.int64), np.zeros((0, 0))) for _ in requests]
+    ids = [t for _, token_ids, _ in requests for t in token_ids]
+    top_n = max(n for _, _, n in requests)
+    on_device = upload({"rows": np.array(index, np.int64), "ids": np.array(ids, np.int64)}, rows.device)
+    values = torch.log_softmax(rows.index_select(0, on_device["rows"]).double(), dim=-1)
+    chosen = values.gather(1, on_device["ids"][:, None])
+    top_values, top_ids = torch.topk(values, top_n, dim=-1) if top_n else (values[:, :0], chosen[:, :0])
+    packed = torch.cat([chosen, top_values, top_ids.double()], dim=1).cpu().numpy()  # the one read
+    found, start = [], 0
+    for _, token_ids, _ in requests:
+        part, start = packed[start : start + len(token_ids)], start + len(token_ids)
+        found.append((part[:, 0], part[:, 1 + top_n :].astype(np.int64), part[:, 1 : 1 + top_n]))
+    return found
 
 
 def token_ranks(
@@ -104,8 +128,8 @@ def token_ranks(
         logits = rows[:n]
         chosen = logits[np.arange(n), np.asarray(token_ids)]
         return [int(r) + 1 for r in (logits > chosen[:, None]).sum(axis=-1)]
-    import torch
+    from specserve.backends.torch.transfer import upload_array
 
-    ids = torch.tensor(list(token_ids), device=rows.device)
+    ids = upload_array(np.array(token_ids, np.int64), rows.device)
     chosen = rows[:n].gather(1, ids[:, None])
     return [int(r) + 1 for r in (rows[:n] > chosen).sum(dim=-1).cpu().tolist()]
