@@ -8,6 +8,7 @@ sampling emits).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -193,3 +194,45 @@ def test_a_step_makes_the_host_wait_once(models: LoadedModels) -> None:
             assert len(audit.reads()) <= (1 if params.logprobs is None else 2), (params, audit.reads())
         assert steps > 3
     assert engine.stats.num_drafts > 0
+
+
+def test_draft_model_chain_on_the_device(models: LoadedModels) -> None:
+    """The torch draft model chooses its tokens where its logits are (drafters/draft_model_device.py): a
+    step reads the device once per chain position plus the verifier's read, copies nothing blocking, and
+    sampled drafts carry their distributions as tensors that the verifier reads there; the output then
+    follows the target's exact distribution (chi-square and total variation over the first two tokens)."""
+    from collections import Counter
+
+    from support.distribution import assert_follows, exact_pairs
+    from support.host_waits import HostWaits
+
+    drafter: Any = models.drafters["draft-model"]
+    assert drafter.on_device
+    for slot in range(models.target.info.max_sequences):  # other tests' engines left prefixes there
+        models.target.free(slot)
+    k = 4
+    engine = models.engine(drafters=("draft-model",), policy=models.policy("fixed"), num_draft_tokens=k)
+    prompt = models.target.tokenize(CODE * 3)
+    for i in range(3):
+        engine.add_request(f"w{i}", prompt[: 24 + 9 * i], SamplingParams(temperature=0.0, max_tokens=24))
+    while engine.has_work():
+        with HostWaits() as audit:
+            engine.step()
+        assert not audit.copies() and len(audit.reads()) <= 1 + k, audit.events
+    assert engine.stats.num_accepted_tokens > 0
+
+    knobs: dict[str, Any] = {"temperature": 1.5, "top_k": 4, "top_p": 0.98}
+    short = prompt[:30]  # where the draft model is confident enough to draft (p_min)
+    expected = exact_pairs(models.target, 3, short, knobs)
+    engine = models.engine(drafters=("draft-model",), policy=models.policy("fixed"), num_draft_tokens=2)
+    n = 1500
+    for seed in range(n):
+        engine.add_request(f"s{seed}", short, SamplingParams(max_tokens=3, seed=seed, **knobs))
+    produced: dict[str, list[int]] = {}
+    while engine.has_work():
+        for out in engine.step():
+            produced.setdefault(out.request_id, []).extend(out.new_token_ids)
+    stats = engine.stats
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens  # both branches of rejection sampling
+    # up to 16 pairs: sampling noise alone leaves a total variation of about 0.02-0.04 at n = 1500
+    assert_follows(Counter((t[0], t[1]) for t in produced.values()), expected, n, max_tv=0.06)

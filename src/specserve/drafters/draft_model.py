@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from specserve.backends.base import BackendError, DecodeChunk, ModelRuntime, to_host
+from specserve.backends.base import BackendError, DecodeChunk, ModelRuntime, StepLogits, to_host
 from specserve.drafters.base import Drafter, DrafterError, DraftOption, Proposal
 from specserve.drafters.registry import DrafterContext
 from specserve.request import DRAFT_STREAM
@@ -46,9 +46,17 @@ class DraftModelDrafter(Drafter):
     uses_model = True
 
     def __init__(
-        self, runtime: ModelRuntime[Any], p_min: float = 0.6, target_vocab_size: int | None = None
+        self,
+        runtime: ModelRuntime[Any],
+        p_min: float = 0.6,
+        target_vocab_size: int | None = None,
+        target_logits_device: str = "cpu",
     ) -> None:
         self.runtime = runtime
+        logits_device = runtime.info.logits_device
+        self.on_device = logits_device.startswith("torch") and logits_device == target_logits_device
+        """The draft's logits are tensors where the target's verifier reads them: tokens are chosen there
+        and draft probabilities stay there (draft_model_device.py); otherwise rows come to the host."""
         self.p_min = p_min
         self.target_vocab_size = target_vocab_size or runtime.info.vocab_size
         """The target's logits width (vocabularies may differ by padding, e.g. Qwen2.5-7B's 152064 rows
@@ -83,7 +91,7 @@ class DraftModelDrafter(Drafter):
 
     def _propose(self, seqs: Seq[Sequence], num_tokens: Seq[int]) -> list[Proposal]:
         drafts: list[list[int]] = [[] for _ in seqs]
-        probs: list[list[npt.NDArray[np.float64]]] = [[] for _ in seqs]
+        probs: list[list[Any]] = [[] for _ in seqs]  # [vocab] float64 rows: numpy, or tensors on the device
         active = [i for i, k in enumerate(num_tokens) if k > 0]
         for i in active:
             state = self._state(seqs[i])
@@ -98,21 +106,19 @@ class DraftModelDrafter(Drafter):
             chunks.append(DecodeChunk(seq.slot, seq.tokens[state.computed :], state.computed, 1))
         while active:
             logits = self.runtime.decode(chunks)
+            choices = self._next(logits, [seqs[i] for i in active], [len(drafts[i]) for i in active])
             still: list[int] = []
-            # A device runtime's rows come to the host here: the chain is sequential per token anyway.
-            # Only the ids the target has: the draft then samples from a distribution over the target's
-            # vocabulary, which is what lossless verification needs (padding rows differ between sizes).
-            host_rows = to_host(logits.rows)[:, : self.target_vocab_size]
             for j, i in enumerate(active):
-                rows = host_rows[logits.offsets[j] : logits.offsets[j + 1]]
                 seq, state = seqs[i], self._state(seqs[i])
                 state.computed = seq.num_tokens + len(drafts[i])
                 if drafts[i]:
                     state.decoded_drafts += 1
-                if top_probability(rows[0]) < self.p_min:
+                choice = choices[j]
+                if choice is None:  # not confident enough: the chain stops here
                     continue
-                token = self._choose(seq, rows[:1], len(drafts[i]), probs[i])
-                drafts[i].append(token)
+                drafts[i].append(choice[0])
+                if choice[1] is not None:
+                    probs[i].append(choice[1])
                 if len(drafts[i]) < num_tokens[i]:
                     still.append(i)
             active = still
@@ -122,12 +128,40 @@ class DraftModelDrafter(Drafter):
             ]
         return [Proposal(d, self._at_target_width(p)) for d, p in zip(drafts, probs, strict=True)]
 
-    def _at_target_width(
-        self, probs: list[npt.NDArray[np.float64]]
-    ) -> npt.NDArray[np.float64] | None:  # [k, target vocab] float64
+    def _next(
+        self, logits: StepLogits[Any], seqs: Seq[Sequence], drafted: Seq[int]
+    ) -> list[tuple[int, Any] | None]:
+        """Each sequence's next draft token and, sampled, its distribution at the target's width; None where
+        the draft is not confident enough. Only the ids the target has are considered: the draft then
+        samples from a distribution over the target's vocabulary, which is what lossless verification needs
+        (padding rows differ between sizes)."""
+        if self.on_device:  # the chain is sequential per token: one small read per step, not the rows
+            from specserve.drafters.draft_model_device import choose_on_device
+
+            rows = logits.rows[:, : self.target_vocab_size]
+            tokens, confidence, rows_probs = choose_on_device(rows, seqs, drafted)
+            if any(t < 0 for t in tokens):  # the device sampler's mark of a row without probability mass
+                raise DrafterError("the draft model's logits have no finite value to sample from")
+            chosen = zip(tokens, confidence, rows_probs, strict=True)
+            return [None if c < self.p_min else (t, p) for t, c, p in chosen]
+        host_rows = to_host(logits.rows)[:, : self.target_vocab_size]
+        choices: list[tuple[int, Any] | None] = []
+        for j, seq in enumerate(seqs):
+            rows = host_rows[logits.offsets[j] : logits.offsets[j + 1]]
+            choices.append(
+                None if top_probability(rows[0]) < self.p_min else self._choose(seq, rows[:1], drafted[j])
+            )
+        return choices
+
+    def _at_target_width(self, probs: list[Any]) -> Any:  # [k, target vocab] float64, numpy or a tensor
         """The draft's distributions at the target's width: ids only the target has get probability 0."""
         if not probs:
             return None
+        if not isinstance(probs[0], np.ndarray):  # rows on the device (draft_model_device.py)
+            import torch
+
+            on_device = torch.stack(probs)
+            return torch.nn.functional.pad(on_device, (0, self.target_vocab_size - on_device.shape[1]))
         stacked = np.stack(probs)
         return np.pad(stacked, ((0, 0), (0, self.target_vocab_size - stacked.shape[1])))
 
@@ -146,17 +180,15 @@ class DraftModelDrafter(Drafter):
     def _choose(
         self,
         seq: Sequence,
-        logits: npt.NDArray[np.float32],  # [1, vocab]
-        index: int,
-        probs_out: list[npt.NDArray[np.float64]],
-    ) -> int:
+        logits: npt.NDArray[np.float32],
+        index: int,  # logits [1, vocab]
+    ) -> tuple[int, npt.NDArray[np.float64] | None]:
         if seq.params.greedy:
-            return int(np.argmax(logits[0]))
+            return int(np.argmax(logits[0])), None
         probs = probs_from_params(logits, seq.params)  # [1, vocab]
         position = len(seq.output_ids) + index
         uniform = seq.uniforms.take(DRAFT_STREAM, position, 1)
-        probs_out.append(probs[0])
-        return int(sample_inverse_cdf(probs, uniform)[0])
+        return int(sample_inverse_cdf(probs, uniform)[0]), probs[0]
 
     def accept(self, seq: Sequence, num_accepted: int) -> None:
         state = self._state(seq)
@@ -181,5 +213,8 @@ def build(context: DrafterContext) -> Drafter:
     if context.draft_runtime is None:
         raise DrafterError("the draft-model drafter needs a draft model (--draft), and none is loaded")
     return DraftModelDrafter(
-        context.draft_runtime, p_min=context.draft_p_min, target_vocab_size=context.target_vocab_size
+        context.draft_runtime,
+        p_min=context.draft_p_min,
+        target_vocab_size=context.target_vocab_size,
+        target_logits_device=context.target_logits_device,
     )

@@ -34,6 +34,9 @@ class DrafterContext:
     draft_p_min: float = 0.6
     target_vocab_size: int | None = None
     """Rows of the target's logits: a draft model of another width proposes only ids the target has."""
+    target_logits_device: str = "cpu"
+    """Where the target's logits are (``RuntimeInfo.logits_device``): a draft model whose logits are there
+    too chooses its tokens there and hands the verifier its distributions there."""
     target_runtime: ModelRuntime[Any] | None = None
     """The target (a block drafter reads its hidden states, embedding and LM head)."""
     block_drafter_path: str | None = None

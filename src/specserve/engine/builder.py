@@ -175,7 +175,7 @@ def load_models(settings: Settings, calibrate_costs: bool = True, keep_draft: bo
         if block_dir is None and _wants_draft(settings, keep_draft):
             max_k = min(settings.num_draft_tokens, target.info.max_verify_tokens - 1)
             draft = _load_draft(settings, store, target_path, costs, report, measure, keep_draft, max_k)
-        drafters = build_drafters(settings, draft, target.info.vocab_size)
+        drafters = build_drafters(settings, draft, target.info.vocab_size, target.info.logits_device)
         if block_dir is not None and _wants_draft(settings, keep_draft):
             block = _load_block_drafter(settings, target, block_dir, report, keep_draft)
             drafters.update({block.name: block} if block is not None else {})
@@ -190,7 +190,10 @@ def load_models(settings: Settings, calibrate_costs: bool = True, keep_draft: bo
 
 
 def build_drafters(
-    settings: Settings, draft: Runtime | None, target_vocab_size: int | None = None
+    settings: Settings,
+    draft: Runtime | None,
+    target_vocab_size: int | None = None,
+    target_logits_device: str = "cpu",
 ) -> dict[str, Drafter]:
     """Every drafter the loaded models allow: n-gram and suffix always, the draft model when one is
     loaded."""
@@ -199,6 +202,7 @@ def build_drafters(
         settings.ngram_min_n,
         settings.draft_p_min,
         target_vocab_size,
+        target_logits_device=target_logits_device,
         suffix_depth=settings.suffix_depth,
         suffix_factor=settings.suffix_factor,
         suffix_min_prob=settings.suffix_min_prob,
