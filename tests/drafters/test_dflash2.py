@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from specserve.config import DrafterChoice, Settings  # noqa: E402
 from specserve.engine.builder import LoadedModels, load_models, open_runtime  # noqa: E402
 from specserve.errors import UserError  # noqa: E402
 from specserve.request import SamplingParams  # noqa: E402
-from support.distribution import assert_follows, exact_pairs  # noqa: E402
+from support.distribution import assert_follows, exact_pairs, sampled_pairs  # noqa: E402
 from support.tiny_models import TinyModels  # noqa: E402
 
 LINES = Path(__file__).parent / "data" / "dflash2_lines.txt"
@@ -195,15 +194,9 @@ def test_sampled_output_follows_the_target_distribution(models: LoadedModels) ->
         drafters=("dflash2",), policy=models.policy("fixed"), num_draft_tokens=3, prefix_cache=True
     )
     n = 3000
-    for seed in range(n):
-        engine.add_request(f"s{seed}", prompt, SamplingParams(max_tokens=3, seed=seed, **knobs))
-    produced: dict[str, list[int]] = {}
-    while engine.has_work():
-        for out in engine.step():
-            produced.setdefault(out.request_id, []).extend(out.new_token_ids)
+    counts = sampled_pairs(engine, prompt, n, knobs)
     stats = engine.stats
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens  # both branches of rejection sampling
-    counts = Counter((tokens[0], tokens[1]) for tokens in produced.values())
     assert_follows(counts, expected, n, max_tv=0.03)
 
 

@@ -201,9 +201,7 @@ def test_draft_model_chain_on_the_device(models: LoadedModels) -> None:
     step reads the device once per chain position plus the verifier's read, copies nothing blocking, and
     sampled drafts carry their distributions as tensors that the verifier reads there; the output then
     follows the target's exact distribution (chi-square and total variation over the first two tokens)."""
-    from collections import Counter
-
-    from support.distribution import assert_follows, exact_pairs
+    from support.distribution import assert_follows, exact_pairs, sampled_pairs
     from support.host_waits import HostWaits
 
     drafter: Any = models.drafters["draft-model"]
@@ -226,13 +224,8 @@ def test_draft_model_chain_on_the_device(models: LoadedModels) -> None:
     expected = exact_pairs(models.target, 3, short, knobs)
     engine = models.engine(drafters=("draft-model",), policy=models.policy("fixed"), num_draft_tokens=2)
     n = 1500
-    for seed in range(n):
-        engine.add_request(f"s{seed}", short, SamplingParams(max_tokens=3, seed=seed, **knobs))
-    produced: dict[str, list[int]] = {}
-    while engine.has_work():
-        for out in engine.step():
-            produced.setdefault(out.request_id, []).extend(out.new_token_ids)
+    counts = sampled_pairs(engine, short, n, knobs)
     stats = engine.stats
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens  # both branches of rejection sampling
     # up to 16 pairs: sampling noise alone leaves a total variation of about 0.02-0.04 at n = 1500
-    assert_follows(Counter((t[0], t[1]) for t in produced.values()), expected, n, max_tv=0.06)
+    assert_follows(counts, expected, n, max_tv=0.06)

@@ -47,3 +47,17 @@ def assert_follows(
     wanted *= observed.sum() / wanted.sum()
     assert chisquare(observed, wanted).pvalue > 1e-3
     assert 0.5 * np.abs(observed - wanted).sum() / n < max_tv
+
+
+def sampled_pairs(engine: Any, prompt: list[int], n: int, knobs: dict[str, Any]) -> Counter[tuple[int, int]]:
+    """The first two tokens of ``n`` seeded requests of ``prompt`` through ``engine`` (three tokens each, so
+    the second can come from a draft the step after the first)."""
+    from specserve.request import SamplingParams
+
+    for seed in range(n):
+        engine.add_request(f"s{seed}", prompt, SamplingParams(max_tokens=3, seed=seed, **knobs))
+    produced: dict[str, list[int]] = {}
+    while engine.has_work():
+        for out in engine.step():
+            produced.setdefault(out.request_id, []).extend(out.new_token_ids)
+    return Counter((tokens[0], tokens[1]) for tokens in produced.values())
