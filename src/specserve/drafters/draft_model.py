@@ -180,8 +180,8 @@ class DraftModelDrafter(Drafter):
     def _choose(
         self,
         seq: Sequence,
-        logits: npt.NDArray[np.float32],
-        index: int,  # logits [1, vocab]
+        logits: npt.NDArray[np.float32],  # [1, vocab]
+        index: int,  # drafts already made this proposal: the position's offset
     ) -> tuple[int, npt.NDArray[np.float64] | None]:
         if seq.params.greedy:
             return int(np.argmax(logits[0])), None
