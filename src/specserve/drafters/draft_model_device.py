@@ -19,7 +19,12 @@ import torch
 from specserve.backends.torch.transfer import upload
 from specserve.request import DRAFT_STREAM
 from specserve.sequence import Sequence
-from specserve.verify.device_sampling import filter_logits_to_probs, greedy_argmax, sample_inverse_cdf
+from specserve.verify.device_sampling import (
+    filter_logits_to_probs,
+    greedy_argmax,
+    sample_inverse_cdf,
+    uses_rank_filters,
+)
 
 
 def choose_on_device(
@@ -55,7 +60,7 @@ def choose_on_device(
         vocab = rows.shape[-1]
         filtered = filter_logits_to_probs(
             rows.index_select(0, knobs["rows"]), knobs["temperature"], knobs["top_k"], knobs["top_p"],
-            knobs["min_p"], rank_filters=any(0 < p.top_k < vocab or p.top_p < 1.0 for p in params),
+            knobs["min_p"], rank_filters=uses_rank_filters(params, vocab),
         )  # fmt: skip
         draws = sample_inverse_cdf(filtered, knobs["uniforms"])
         tokens = tokens.index_copy(0, knobs["rows"], draws.to(torch.float64))

@@ -32,7 +32,12 @@ import torch
 
 from specserve.backends.torch.transfer import upload
 from specserve.verify.device_adjust import adjusted_logits
-from specserve.verify.device_sampling import filter_logits_to_probs, greedy_argmax, sample_inverse_cdf
+from specserve.verify.device_sampling import (
+    filter_logits_to_probs,
+    greedy_argmax,
+    sample_inverse_cdf,
+    uses_rank_filters,
+)
 from specserve.verify.greedy import accept_greedy_choices
 from specserve.verify.types import PLACEHOLDER_TOKEN_ID, VerifyRequest, draft_positions_mask
 
@@ -182,7 +187,7 @@ class StepTensors:
             **tensors,
             all_greedy=not sampled,
             all_sampled=len(sampled) == batch,
-            rank_filters=any(0 < p.top_k < vocab or p.top_p < 1.0 for p in params),
+            rank_filters=uses_rank_filters(params, vocab),
         )
 
 

@@ -31,9 +31,6 @@ def adjusted_logits(
     for request in requests:
         end = start + request.num_rows
         if request.adjustment is not None:
-            if request.num_rows != request.adjustment.num_rows:
-                rows = request.adjustment.num_rows
-                raise ValueError(f"logits has {request.num_rows} rows, the adjustment {rows}")
             spans.append((start, end, request.adjustment))
         start = end
     if start != adjusted.shape[0]:

@@ -11,8 +11,11 @@ within rounding of a cumulative boundary.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
+from specserve.request import SamplingParams
 from specserve.verify.sampling import TOP_P_TOLERANCE
 from specserve.verify.sampling import greedy_argmax as host_argmax
 from specserve.verify.types import PLACEHOLDER_TOKEN_ID
@@ -31,6 +34,12 @@ def greedy_argmax(
         return torch.argmax(logits, dim=-1)
     host = logits.detach().float().numpy()  # float32 as it is: no copy
     return torch.from_numpy(host_argmax(host))
+
+
+def uses_rank_filters(params: Iterable[SamplingParams], vocab: int) -> bool:
+    """Whether some request uses top-k or top-p (:func:`filter_logits_to_probs`'s ``rank_filters``),
+    known from the parameters on the host."""
+    return any(0 < p.top_k < vocab or p.top_p < 1.0 for p in params)
 
 
 def filter_logits_to_probs(
