@@ -309,3 +309,21 @@ def test_calibration_sizes_take_turns(runtime: LlamaCppRuntime, monkeypatch: pyt
     monkeypatch.setattr(runtime, "decode", recording)
     calibrate(runtime, scratch_seq=1, sizes=(1, 2, 4), repeats=3, context_tokens=8)
     assert calls == [8, 1, *[1, 2, 4] * 3]  # the context, one untimed call, then three rounds
+
+
+def test_calibration_keeps_two_rounds_when_all_would_pass_the_budget(
+    runtime: LlamaCppRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Long calls (the torch runtime in float32 on a CPU: 15 s a round) stop after two rounds; the table
+    still has every size."""
+    calls: list[int] = []
+    decode = runtime.decode
+
+    def recording(chunks: list[DecodeChunk]) -> object:
+        calls.extend(len(c.tokens) for c in chunks)
+        return decode(chunks)
+
+    monkeypatch.setattr(runtime, "decode", recording)
+    table = calibrate(runtime, scratch_seq=1, sizes=(1, 2, 4), repeats=5, context_tokens=8, budget_s=0.0)
+    assert calls == [8, 1, *[1, 2, 4] * 2]
+    assert all(np.isfinite(table(n)) and table(n) > 0 for n in (1, 2, 4))

@@ -105,9 +105,9 @@ def test_greedy_speculation_equals_plain_with_the_gpus_row_attention(tiny_models
     try:
         assert loaded.target.info.exactness == "batch-invariant"
         greedy = SamplingParams(temperature=0.0, max_tokens=40)
-        plain, _, _ = run(loaded, (), greedy)
+        (plain,), _, _ = run(loaded, (), greedy, rounds=1)  # interpreted: each round costs 20 s here
         speculative, drafts, accepted = run(loaded, ("ngram",), greedy)
-        assert drafts > 0 and accepted > 0 and speculative == plain and plain[0] == plain[1]
+        assert drafts > 0 and accepted > 0 and speculative == [plain, plain]
     finally:
         loaded.close()
 

@@ -26,6 +26,10 @@ from specserve.backends.base import DecodeChunk, ModelRuntime
 CALIBRATION_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 CALIBRATION_METHOD = "sizes-in-turn-5"
 """Part of a cached table's key: a table measured another way is measured again, not reused for a day."""
+CALIBRATION_BUDGET_S = 45.0
+"""Seconds ``calibrate``'s rounds may take in all; beyond it (as the first rounds project) it keeps
+``MIN_CALIBRATION_ROUNDS``."""
+MIN_CALIBRATION_ROUNDS = 2
 PROBE_SIZES = (1, 8)
 PROBE_TOLERANCE = 2.0
 SHAPE_TOLERANCE = 1.2
@@ -106,8 +110,10 @@ def calibrate(
     repeats: int = 5,
     context_tokens: int = 48,
     max_tokens: int = 64,
+    budget_s: float = CALIBRATION_BUDGET_S,
 ) -> StepCostTable:
-    """Time decode calls of each size after a short context on ``scratch_seq``; fastest of ``repeats``.
+    """Time decode calls of each size after a short context on ``scratch_seq``; fastest of ``repeats``
+    rounds, or of two where the rounds so far say all of them would take longer than ``budget_s``.
 
     The fastest run, not the median: on a shared machine, slower runs measure other processes. The sizes
     take turns (every size once per round, ``repeats`` rounds), so that a few slow seconds on a shared
@@ -115,6 +121,11 @@ def calibrate(
     measured size after size (three calls each) one table priced 2 rows at 2.18 one-token steps where
     the kernels' own A/B measured 1.73 (AMD EPYC Zen 5), which left no draft that a fresh process's probe
     could afford.
+
+    The budget is for runtimes whose calls are long: the torch runtime in float32 on a CPU spends 15 s a
+    round on the default target (a one-token call 0.9 s, AMD Zen 3), where noise of a few milliseconds is
+    small beside each call, and two rounds still drop one slow call of each size. llama.cpp's tables on a
+    CPU stay within it (the default target with one thread on Zen 3: 28 s for five rounds).
 
     The scratch sequence is left empty afterwards.
     """
@@ -131,7 +142,10 @@ def calibrate(
     runtime.truncate(scratch_seq, context_tokens)
     fitting = [n for n in sizes if n <= limit]
     samples = {n: float("inf") for n in fitting}
-    for _ in range(repeats):
+    began = time.perf_counter()
+    for done in range(repeats):
+        if done >= MIN_CALIBRATION_ROUNDS and (time.perf_counter() - began) / done * repeats > budget_s:
+            break
         for n in fitting:
             tokens = context[:n] if n <= len(context) else (context * (n // len(context) + 1))[:n]
             start = time.perf_counter()
