@@ -297,8 +297,8 @@ def test_engines_starting_together_take_turns_calibrating(runtime: LlamaCppRunti
     waiter.join()
 
 
-def test_calibration_sizes_take_turns(runtime: LlamaCppRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each round times every size once: a few slow seconds slow one call of each size, not all of one."""
+def recorded_call_rows(runtime: LlamaCppRuntime, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The tokens of each chunk ``runtime.decode`` is given from now on, in order."""
     calls: list[int] = []
     decode = runtime.decode
 
@@ -307,6 +307,12 @@ def test_calibration_sizes_take_turns(runtime: LlamaCppRuntime, monkeypatch: pyt
         return decode(chunks)
 
     monkeypatch.setattr(runtime, "decode", recording)
+    return calls
+
+
+def test_calibration_sizes_take_turns(runtime: LlamaCppRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each round times every size once: a few slow seconds slow one call of each size, not all of one."""
+    calls = recorded_call_rows(runtime, monkeypatch)
     calibrate(runtime, scratch_seq=1, sizes=(1, 2, 4), repeats=3, context_tokens=8)
     assert calls == [8, 1, *[1, 2, 4] * 3]  # the context, one untimed call, then three rounds
 
@@ -316,14 +322,7 @@ def test_calibration_keeps_two_rounds_when_all_would_pass_the_budget(
 ) -> None:
     """Long calls (the torch runtime in float32 on a CPU: 15 s a round) stop after two rounds; the table
     still has every size."""
-    calls: list[int] = []
-    decode = runtime.decode
-
-    def recording(chunks: list[DecodeChunk]) -> object:
-        calls.extend(len(c.tokens) for c in chunks)
-        return decode(chunks)
-
-    monkeypatch.setattr(runtime, "decode", recording)
+    calls = recorded_call_rows(runtime, monkeypatch)
     table = calibrate(runtime, scratch_seq=1, sizes=(1, 2, 4), repeats=5, context_tokens=8, budget_s=0.0)
     assert calls == [8, 1, *[1, 2, 4] * 2]
     assert all(np.isfinite(table(n)) and table(n) > 0 for n in (1, 2, 4))
