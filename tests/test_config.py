@@ -68,7 +68,7 @@ def test_add_arguments_by_group() -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser, ("models",), exclude=("calibration_cache",))
     expected = {"target", "draft", "backend", "device", "dtype", "model_dir", "context_size", "threads"}
-    expected |= {"gpu_layers", "exact", "attention", "compile"}
+    expected |= {"gpu_layers", "flash_attention", "exact", "attention", "compile"}
     assert set(vars(parser.parse_args([]))) == expected
 
 
@@ -143,8 +143,8 @@ def test_invalid_value_in_file_names_the_setting(tmp_path: Path) -> None:
 
 
 def test_unknown_key_in_file(tmp_path: Path) -> None:
-    config = write_yaml(tmp_path, "context_size: 1024\nflash_attention: true\n")
-    with pytest.raises(SettingsError, match="unknown setting 'flash_attention'") as excinfo:
+    config = write_yaml(tmp_path, "context_size: 1024\nrope_scaling: true\n")
+    with pytest.raises(SettingsError, match="unknown setting 'rope_scaling'") as excinfo:
         load_settings(env={}, config_file=config)
     assert str(config) in str(excinfo.value)
 

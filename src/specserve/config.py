@@ -113,6 +113,12 @@ class Settings:
     context_size: int = _model(4096, "Context length per sequence, in tokens.", "--ctx-size")
     threads: int | None = _model(None, "CPU threads for llama.cpp or torch on the CPU (default: all cores).")
     gpu_layers: int = _model(0, "Layers to offload to a GPU (needs a GPU build of llama-cpp-python).")
+    flash_attention: Literal["auto", "on", "off"] = _model(
+        "auto",
+        "llama.cpp's flash attention: on, off (ggml's product, softmax and product), or auto (on only with "
+        "layers on a GPU: on a CPU exact mode can use only its per-row kernel, which costs more than plain "
+        "attention from about a thousand cached tokens on; docs/BENCHMARKS.md). Exact either way.",
+    )
     exact: bool = _model(
         True,
         "Exact mode: batch-invariant kernels (patched llama.cpp, proved at load), so greedy speculative "

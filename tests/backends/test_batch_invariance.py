@@ -22,7 +22,13 @@ import pytest
 from specserve.backends import invariance, llama_cpp
 from specserve.backends.base import DecodeChunk
 from specserve.backends.invariance import InvarianceResult, check_batch_invariance, check_tokens
-from specserve.backends.llama_cpp import EXACT_MAX_ROWS, LlamaCppRuntime, _features, build_is_batch_invariant
+from specserve.backends.llama_cpp import (
+    EXACT_MAX_ROWS,
+    LlamaCppRuntime,
+    _features,
+    build_is_batch_invariant,
+    uses_flash_attention,
+)
 from specserve.backends.llama_cpp_tiled import set_tiled_min_batch, tiled_min_batch
 from support.quantized import tensor_types, tiny_kquant_model
 
@@ -121,14 +127,27 @@ def tiled_start(request: pytest.FixtureRequest) -> Iterator[None]:
     set_tiled_min_batch(before)
 
 
+@pytest.mark.parametrize("flash", ["on", "off"])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_every_row_of_every_batch_size_equals_one_token_decoding(
-    open_runtime: OpenRuntime, threads: int, tiled_start: None
+    open_runtime: OpenRuntime, threads: int, tiled_start: None, flash: str
 ) -> None:
-    runtime = open_runtime(n_threads=threads)
+    every_row_equals_one_token_decoding(open_runtime(n_threads=threads, flash_attention=flash), 40)
+
+
+@pytest.mark.parametrize("flash", ["on", "off"])
+def test_rows_that_cross_a_kv_padding_boundary_equal_one_token_decoding(
+    open_runtime: OpenRuntime, flash: str
+) -> None:
+    """llama.cpp pads the attended cache to 256 cells: at 250 cached tokens one token attends to 256, a batch
+    of 7 or more to 512, the extra cells masked. Plain attention adds their zero weights into its sums."""
+    every_row_equals_one_token_decoding(open_runtime(n_threads=2, flash_attention=flash), 250)
+
+
+def every_row_equals_one_token_decoding(runtime: LlamaCppRuntime, cached: int) -> None:
     assert runtime.info.exactness == "batch-invariant", runtime.info.exactness_note
-    tokens = check_tokens(runtime, 40 + MAX_ROWS)
-    context, probe = tokens[:40], tokens[40:]
+    tokens = check_tokens(runtime, cached + MAX_ROWS)
+    context, probe = tokens[:cached], tokens[cached:]
     runtime.decode([DecodeChunk(0, context, 0, 0)])
     plain = one_token_steps(runtime, 0, probe, len(context))
     for n in range(1, MAX_ROWS + 1):
@@ -138,9 +157,13 @@ def test_every_row_of_every_batch_size_equals_one_token_decoding(
             assert np.array_equal(batched[row], plain[row]), f"row {row} of a {n}-row batch"
 
 
-def test_prompt_prefill_in_any_chunking_and_mixed_sequences_are_exact(open_runtime: OpenRuntime) -> None:
-    """A prompt decoded in uneven pieces beside another sequence's verify rows gives the same KV as alone."""
-    runtime = open_runtime()
+@pytest.mark.parametrize("flash", ["on", "off"])
+def test_prompt_prefill_in_any_chunking_and_mixed_sequences_are_exact(
+    open_runtime: OpenRuntime, flash: str
+) -> None:
+    """A prompt decoded in uneven pieces beside another sequence's verify rows gives the same KV as alone
+    (the batch's other sequence also sets how many cache cells everyone attends to)."""
+    runtime = open_runtime(flash_attention=flash)
     tokens = check_tokens(runtime, 300)
     prompt, probe = tokens[:280], tokens[280:]
     runtime.decode([DecodeChunk(0, prompt, 0, 0)])
@@ -189,6 +212,22 @@ def test_a_stock_build_runs_capped_without_checking(
     runtime = open_runtime()
     assert (runtime.info.exactness, runtime.info.max_verify_tokens) == ("capped", EXACT_MAX_ROWS)
     assert "lacks the batch-invariant patch" in runtime.info.exactness_note
+
+
+def test_flash_attention_is_off_on_the_cpu_unless_asked_and_reaches_llama_cpp(
+    open_runtime: OpenRuntime,
+) -> None:
+    """``auto`` leaves it off without GPU layers; the choice is in the build string (a cost table is kept
+    per choice) and reaches the context: the two attentions round differently after a few hundred tokens."""
+    assert not uses_flash_attention("auto", "batch-invariant", 0)
+    assert uses_flash_attention("auto", "off", 1) and uses_flash_attention("on", "batch-invariant", 0)
+    assert not uses_flash_attention("on", "capped", 0)  # stock flash attention is not invariant
+    default, flash = open_runtime(), open_runtime(flash_attention="on")
+    assert default.info.build.endswith("FLASH_ATTN = 0 | ") and flash.info.build.endswith("FLASH_ATTN = 1 | ")
+    tokens = check_tokens(default, 300)
+    rows = [rt.decode([DecodeChunk(0, tokens, 0, 1)])[0][0] for rt in (default, flash)]
+    assert not np.array_equal(rows[0], rows[1])
+    np.testing.assert_allclose(rows[0], rows[1], atol=0.05 * float(np.abs(rows[1]).max()))
 
 
 def test_fast_mode_skips_the_check(open_runtime: OpenRuntime, monkeypatch: pytest.MonkeyPatch) -> None:

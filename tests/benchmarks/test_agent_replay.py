@@ -66,7 +66,9 @@ def test_the_copy_oracle_drafts_only_repeated_windows(
         kinds["repeat-task"]["speedup"] > 2
         and kinds["repeat-task"]["accepted"] == kinds["repeat-task"]["drafted"]
     )
-    assert kinds["control"]["drafts"] == 0 and kinds["control"]["speedup"] == pytest.approx(1.0)
+    # no drafts: plain's steps plus the oracle's measured lookups (tens of µs a step; 0.1 % of a step when
+    # the machine is busy, which an exact 1.0 at three decimals did not allow)
+    assert kinds["control"]["drafts"] == 0 and kinds["control"]["speedup"] == pytest.approx(1.0, abs=0.01)
 
 
 def test_depth_makes_every_step_cost_more(

@@ -29,3 +29,14 @@ def test_a_depth_beyond_the_context_is_a_usage_error(tiny_models: TinyModels) ->
     with pytest.raises(SystemExit) as exit_info:
         depth_cost.main([*argv, "--depths", "1024"])
     assert exit_info.value.code == 2
+
+
+def test_flash_attention_on_and_off_take_turns_at_each_depth(
+    tiny_models: TinyModels, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--target", str(tiny_models.target), "--draft", "none", "--threads", "1", "--flash-attention-ab"]
+    assert depth_cost.main([*argv, "--depths", "16", "300", "--rows", "1", "2", "--repeats", "1"]) == 0
+    arms = json.loads(capsys.readouterr().out)["flash_attention"]
+    assert set(arms) == {"on", "off"}
+    for arm in arms.values():
+        assert set(arm) == {"16", "300", "table_ms"} and arm["300"]["prefill_tokens_per_s"] > 0

@@ -18,9 +18,11 @@ K-quants switch from vec_dot to a tiled kernel at 8 rows. Exact mode therefore r
 
 Stock ggml's flash attention accumulates the softmax in tiles whose shape depends on the number of query
 rows (and splits the KV across threads for one row): capped mode turns it off, the patch gives it one kernel
-for every batch size. Both need llamafile's sgemm off (a build option: ``-DGGML_LLAMAFILE=OFF``). Sequences
-get separate KV streams (``kv_unified=False``) so one sequence's cache layout, and hence the order of its
-attention sums, does not depend on which other sequences share the batch.
+for every batch size. ggml's plain attention (a product, a softmax, a product) sums each row in one fixed
+order and is invariant in both modes; on the CPU it is the default (``uses_flash_attention``). Both need
+llamafile's sgemm off (a build option: ``-DGGML_LLAMAFILE=OFF``). Sequences get separate KV streams
+(``kv_unified=False``) so one sequence's cache layout, and hence the order of its attention sums, does not
+depend on which other sequences share the batch.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -68,6 +70,8 @@ PLAN_CACHE_SIZE = 4096
 
 log = logging.getLogger("specserve.llama_cpp")
 
+FlashAttention = Literal["auto", "on", "off"]
+
 
 def _kv_bytes_per_token(lib: Any, model: Any) -> int:
     """K and V rows of every layer in f16 (llama.cpp's default cache type); models whose K and V head sizes
@@ -75,6 +79,21 @@ def _kv_bytes_per_token(lib: Any, model: Any) -> int:
     n_head = max(1, int(lib.llama_model_n_head(model)))
     head_dim = int(lib.llama_model_n_embd(model)) // n_head
     return int(lib.llama_model_n_layer(model)) * 2 * int(lib.llama_model_n_head_kv(model)) * head_dim * 2
+
+
+def uses_flash_attention(choice: FlashAttention, exactness: Exactness, gpu_layers: int) -> bool:
+    """Whether a context gets llama.cpp's flash attention.
+
+    ``auto`` turns it on only with layers on a GPU. On the CPU exact mode can use only flash attention's
+    per-row kernel (the patch: its tiled and KV-split paths sum in other orders), and from about a thousand
+    cached tokens on that kernel costs more than ggml's plain attention (a product, a softmax, a product: each
+    row summed in one fixed order, so batch-invariant too, proved by the same self-check). On an AVX2 CPU the
+    default target's verify passes cost up to a quarter less with plain attention and speculation on agent
+    traces ran 1.09x faster; only prompt pieces below ~512 cached tokens are slower (docs/BENCHMARKS.md).
+    Capped exact mode never uses it: stock ggml's flash attention is not invariant."""
+    if exactness == "capped":
+        return False
+    return choice == "on" or (choice == "auto" and gpu_layers > 0)
 
 
 def _features() -> str:
@@ -100,9 +119,11 @@ class LlamaCppRuntime(VocabularyMethods, ModelRuntime[HostLogits]):
         batch_capacity: int = 512,
         n_gpu_layers: int = 0,
         self_check: bool = True,
+        flash_attention: FlashAttention = "auto",
     ) -> None:
         """``self_check=False`` trusts the build's batch invariance without proving it on this model (a
-        draft model: its logits only propose tokens, so they need not be exact)."""
+        draft model: its logits only propose tokens, so they need not be exact). ``flash_attention``: see
+        :func:`uses_flash_attention`."""
         from specserve.models import GGUFFileError, check_gguf_file
 
         path = Path(path)
@@ -114,6 +135,7 @@ class LlamaCppRuntime(VocabularyMethods, ModelRuntime[HostLogits]):
         self._path = path
         self._options = (context_per_sequence, max_sequences, n_threads or max(1, os.cpu_count() or 1))
         self._gpu_layers = n_gpu_layers
+        self._flash_attention = flash_attention
         self._requested_capacity = batch_capacity
         self._piece_cache: dict[int, bytes] = {}
         self._eog_cache: dict[int, bool] = {}
@@ -182,9 +204,9 @@ class LlamaCppRuntime(VocabularyMethods, ModelRuntime[HostLogits]):
         cparams.n_threads_batch = threads
         cparams.kv_unified = False
         cparams.no_perf = True
-        # The patch makes flash attention batch-invariant too (its per-row kernel at every batch size).
+        flash = uses_flash_attention(self._flash_attention, exactness, self._gpu_layers)
         cparams.flash_attn_type = (
-            lib.LLAMA_FLASH_ATTN_TYPE_DISABLED if exactness == "capped" else lib.LLAMA_FLASH_ATTN_TYPE_AUTO
+            lib.LLAMA_FLASH_ATTN_TYPE_AUTO if flash else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
         self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
@@ -212,7 +234,8 @@ class LlamaCppRuntime(VocabularyMethods, ModelRuntime[HostLogits]):
             exactness=exactness,
             exactness_note=note,
             kv_bytes_per_token=_kv_bytes_per_token(lib, self._model),
-            build=_features(),
+            # flash attention changes what each call size costs: a calibration is kept per choice
+            build=f"{_features()}FLASH_ATTN = {int(flash)} | ",
         )
         self._batch = lib.llama_batch_init(self._capacity, 0, 1)
         self._tokens = np.ctypeslib.as_array(self._batch.token, shape=(self._capacity,))

@@ -251,6 +251,7 @@ def open_runtime(path: str, settings: Settings, max_sequences: int, self_check: 
         batch_capacity=capacity,
         n_gpu_layers=settings.gpu_layers,
         self_check=self_check,
+        flash_attention=settings.flash_attention,
     )
 
 
