@@ -10,7 +10,7 @@ take turns call by call, swapping places each round (a slow phase of a shared VM
 prompt pieces included.
 
     python -m benchmarks.depth_cost [--depths 16 512 1024 2048] [--rows 1 8 16 33] [--repeats 7]
-        [--flash-attention on|off | --flash-attention-ab]
+        [--flash-attn on|off | --flash-attention-ab]
 
 Prints one JSON object: per arm, the table's price of each size and per depth the measured milliseconds,
 their ratio to that depth's one-row call, and the prompt's speed from the last depth to this one (chunks of

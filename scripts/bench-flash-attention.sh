@@ -5,8 +5,8 @@
 #
 #   OUT=docs/bench/flash-attention scripts/bench-flash-attention.sh
 #
-# Arms, taking turns wave by wave (specserve's agent bench): specserve with --flash-attention off (the CPU
-# default) in modes plain and auto; a second specserve with --flash-attention on, plain (--drafter none) and
+# Arms, taking turns wave by wave (specserve's agent bench): specserve with --flash-attn off (the CPU
+# default) in modes plain and auto; a second specserve with --flash-attn on, plain (--drafter none) and
 # speculating (a third server, its defaults); stock llama-server plain with -fa on (its default, auto) and
 # -fa off. The per-call costs behind it: python -m benchmarks.depth_cost --flash-attention-ab.
 # Run it on an otherwise idle machine: only one server works at a time, and each gets all cores.
@@ -37,9 +37,9 @@ serve() {  # port flags...: a specserve server, up before the next one loads (ea
   pids+=($!)
   wait_for "http://127.0.0.1:$port/ready"
 }
-serve "$PORT" --flash-attention off
-serve $((PORT + 1)) --flash-attention on --drafter none
-serve $((PORT + 2)) --flash-attention on
+serve "$PORT" --flash-attn off
+serve $((PORT + 1)) --flash-attn on --drafter none
+serve $((PORT + 2)) --flash-attn on
 port=$((PORT + 3))
 for fa in on off; do
   # --poll 0: an idle llama-server otherwise keeps its threads spinning and slows whatever runs next.

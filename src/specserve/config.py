@@ -118,6 +118,7 @@ class Settings:
         "llama.cpp's flash attention: on, off (ggml's product, softmax and product), or auto (on only with "
         "layers on a GPU: on a CPU exact mode can use only its per-row kernel, which costs more than plain "
         "attention from about a thousand cached tokens on; docs/BENCHMARKS.md). Exact either way.",
+        "--flash-attn",  # llama-server's name for it, as --ctx-size
     )
     exact: bool = _model(
         True,
