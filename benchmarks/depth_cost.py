@@ -28,13 +28,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from benchmarks.batch_pass import cpu_model
-from specserve.config import ENGINE_GROUPS
+from specserve.config import ENGINE_GROUPS, FlashAttentionChoice
 
 PROMPT_PIECE = 256
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from specserve.backends.llama_cpp import FlashAttention
     from specserve.config_sources import add_arguments, load_settings
     from specserve.engine.builder import load_models
 
@@ -48,7 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_arguments(parser, ENGINE_GROUPS)
     args = parser.parse_args(argv)
     settings = load_settings(args)
-    choices: list[FlashAttention] = ["on", "off"] if args.flash_attention_ab else [settings.flash_attention]
+    both: list[FlashAttentionChoice] = ["on", "off"]
+    choices = both if args.flash_attention_ab else [settings.flash_attention]
     arms = {c: load_models(dataclasses.replace(settings, flash_attention=c)) for c in choices}
     try:
         runtimes: dict[str, Any] = {c: models.target for c, models in arms.items()}

@@ -45,6 +45,8 @@ SUFFIX_CACHE_TOKENS = 131072
 BackendChoice = Literal["auto", "llama.cpp", "torch"]
 """The runtime: llama.cpp (GGUF on the CPU), specserve's own torch runtime, or ``auto``: torch when a CUDA
 GPU is visible (or the target is a checkpoint directory), llama.cpp otherwise."""
+FlashAttentionChoice = Literal["auto", "on", "off"]
+"""llama.cpp's flash attention (``backends.llama_cpp.uses_flash_attention`` resolves ``auto``)."""
 
 
 SettingGroup = Literal["models", "speculation", "batching", "server", "scale-out", "operations"]
@@ -113,7 +115,7 @@ class Settings:
     context_size: int = _model(4096, "Context length per sequence, in tokens.", "--ctx-size")
     threads: int | None = _model(None, "CPU threads for llama.cpp or torch on the CPU (default: all cores).")
     gpu_layers: int = _model(0, "Layers to offload to a GPU (needs a GPU build of llama-cpp-python).")
-    flash_attention: Literal["auto", "on", "off"] = _model(
+    flash_attention: FlashAttentionChoice = _model(
         "auto",
         "llama.cpp's flash attention: on, off (ggml's product, softmax and product), or auto (on only with "
         "layers on a GPU: on a CPU exact mode can use only its per-row kernel, which costs more than plain "

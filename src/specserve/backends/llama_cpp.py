@@ -33,7 +33,7 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -60,6 +60,7 @@ from specserve.backends.llama_cpp_tiled import (
     user_chose,
 )
 from specserve.backends.llama_cpp_vocab import VocabularyMethods
+from specserve.config import FlashAttentionChoice
 
 # Capped exact mode: ggml's CPU backend switches K-quant matrix products to a tiled kernel at 8 rows
 # (ggml-cpu/tiled/tiled.cpp, ggml_tiled_min_batch); below that, without repacking, every row goes through the
@@ -70,8 +71,6 @@ PLAN_CACHE_SIZE = 4096
 
 log = logging.getLogger("specserve.llama_cpp")
 
-FlashAttention = Literal["auto", "on", "off"]
-
 
 def _kv_bytes_per_token(lib: Any, model: Any) -> int:
     """K and V rows of every layer in f16 (llama.cpp's default cache type); models whose K and V head sizes
@@ -81,7 +80,7 @@ def _kv_bytes_per_token(lib: Any, model: Any) -> int:
     return int(lib.llama_model_n_layer(model)) * 2 * int(lib.llama_model_n_head_kv(model)) * head_dim * 2
 
 
-def uses_flash_attention(choice: FlashAttention, exactness: Exactness, gpu_layers: int) -> bool:
+def uses_flash_attention(choice: FlashAttentionChoice, exactness: Exactness, gpu_layers: int) -> bool:
     """Whether a context gets llama.cpp's flash attention.
 
     ``auto`` turns it on only with layers on a GPU. On the CPU exact mode can use only flash attention's
@@ -119,7 +118,7 @@ class LlamaCppRuntime(VocabularyMethods, ModelRuntime[HostLogits]):
         batch_capacity: int = 512,
         n_gpu_layers: int = 0,
         self_check: bool = True,
-        flash_attention: FlashAttention = "auto",
+        flash_attention: FlashAttentionChoice = "auto",
     ) -> None:
         """``self_check=False`` trusts the build's batch invariance without proving it on this model (a
         draft model: its logits only propose tokens, so they need not be exact). ``flash_attention``: see
