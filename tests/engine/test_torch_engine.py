@@ -94,9 +94,10 @@ def test_greedy_speculative_output_equals_plain(models: LoadedModels, drafter: s
     assert plain[0] == plain[1]  # the second round (prefix-cache hits) decodes the same
 
 
+@pytest.mark.slow  # interpreted Triton: 80-100 s on 2 cores; tests/backends/torch checks the kernel
 def test_greedy_speculation_equals_plain_with_the_gpus_row_attention(tiny_models: TinyModels) -> None:
-    """Exact mode with the row attention (the Triton kernel a GPU runs, interpreted here; the default run's
-    short version of the fp32-rows cases): n-gram drafts, the prefix cache's second round."""
+    """Exact mode with the row attention (the Triton kernel a GPU runs, interpreted here; the short version
+    of the fp32-rows cases): n-gram drafts, the prefix cache's second round."""
     settings = Settings(
         dtype="float32", attention="rows", target=str(tiny_models.target), draft=None, backend="torch",
         device="cpu", threads=1, context_size=512, max_running=4, calibration_cache=False,
@@ -218,6 +219,8 @@ def test_draft_model_chain_on_the_device(models: LoadedModels) -> None:
             engine.step()
         assert not audit.copies() and len(audit.reads()) <= 1 + k, audit.events
     assert engine.stats.num_accepted_tokens > 0
+    if str(models.target.dtype) == "torch.bfloat16":  # type: ignore[attr-defined]
+        return  # the distribution once, in float32: bf16 emulated on a CPU took 24 s for it (AMD Zen 3)
 
     knobs: dict[str, Any] = {"temperature": 1.5, "top_k": 4, "top_p": 0.98}
     short = prompt[:30]  # where the draft model is confident enough to draft (p_min)
