@@ -25,7 +25,7 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     log = tmp_path_factory.mktemp("serve") / "server.log"
     # Two threads: the clients only wait on the server while it decodes (the agents, instructor and server
-    # tests took 217 s with two against 337 s with one, AMD Zen 3). A fixed draft length, because the cost
+    # tests took 217 s with two against 327-337 s with one, AMD Zen 3). A fixed draft length, because the cost
     # policy would rarely draft on this CPU and the test wants drafts to verify; 16, not the default 32: a
     # fixed policy makes the draft model run every round of the maximum at every step.
     flags = "--threads 2 --max-running 2 --drafter auto --load-draft always --draft-policy fixed"
