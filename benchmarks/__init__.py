@@ -19,6 +19,8 @@ Run from the repository root with specserve installed (``.venv/bin/python -m ben
 * ``python -m benchmarks.suffix_cost`` (or ``python benchmarks/suffix_cost.py``): the suffix drafter's cost;
 * ``python -m benchmarks.agent_replay --report R --costs C``: an agent bench's plain answers replayed through
   a model-free drafter and the cost policy on a fixed cost table (noise-free; a copy oracle as the bound);
+  ``python -m benchmarks.agent_replay_waves --report R --costs C --concurrency 4``: the same, the traces
+  decoding side by side in waves as the bench sends them, every step priced as llama.cpp's passes;
 * ``python -m benchmarks.depth_cost``: a target pass of n rows after d cached tokens, beside the cost table.
 
 The engine measurements take the flags they took under ``specserve bench`` (``--output-dir``, ``--repeats``,

@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from benchmarks.batch_pass import cpu_model
 from specserve.backends.llama_cpp_vocab import LlamaCppVocabulary
@@ -43,7 +44,7 @@ from specserve.engine.cost_policy import CostAwarePolicy
 from specserve.engine.speculation_budget import StepTiming
 from specserve.models import CATALOG, DEFAULT_TARGET, ModelStore
 from specserve.request import PositionalUniforms, SamplingParams
-from specserve.sequence import Sequence, SequenceStatus
+from specserve.sequence import FinishReason, Sequence, SequenceStatus
 from specserve.tools.loadgen.agent import COPY_WINDOW, agent_traces
 
 CALIBRATION_DEPTH = 48
@@ -99,10 +100,24 @@ def load_costs(path: Path) -> StepCostTable:
     return StepCostTable.from_samples({int(n): v / 1000 for n, v in ms.items()})
 
 
-def requests(report: dict[str, Any], vocab: LlamaCppVocabulary) -> list[tuple[str, list[int], list[int]]]:
-    """(kind, prompt ids, answer ids) of every plain turn at concurrency 1, in the order they were sent."""
+class Turn(NamedTuple):
+    """One recorded request: its trace and turn, the prompt and answer as ids, and how it finished."""
+
+    kind: str
+    trace: str
+    turn: int
+    prompt: list[int]
+    answer: list[int]
+    finish_reason: FinishReason
+    """``length`` where the answer reached the bench's ``--max-tokens``, else ``stop``."""
+
+
+def requests(report: dict[str, Any], vocab: LlamaCppVocabulary) -> list[Turn]:
+    """Every plain turn at concurrency 1, in the order they were sent."""
     traces = {t.name: t for t in agent_traces()}
     turns = sorted(report["levels"]["1"]["turns"]["plain"], key=lambda t: t["order"])
+    limit = re.search(r"--max-tokens (\d+)", report.get("command", ""))
+    max_tokens = int(limit.group(1)) if limit else None
     answers = {(t["trace"], t["turn"]): t["text"] for t in turns}
     out = []
     for turn in turns:
@@ -113,7 +128,9 @@ def requests(report: dict[str, Any], vocab: LlamaCppVocabulary) -> list[tuple[st
             if i < turn["turn"]:
                 messages.append({"role": "assistant", "content": answers[(trace.name, i)]})
         answer = vocab.tokenize(turn["text"], add_special=False)
-        out.append((turn["kind"], chat_prompt_ids(vocab, messages), answer))
+        reason: FinishReason = "length" if turn.get("output_tokens") == max_tokens else "stop"
+        prompt = chat_prompt_ids(vocab, messages)
+        out.append(Turn(turn["kind"], trace.name, turn["turn"], prompt, answer, reason))
     return out
 
 
@@ -125,6 +142,7 @@ def replay(
     answer: list[int],
     limit: int,
     rid: str,
+    finish_reason: FinishReason = "stop",
 ) -> dict[str, float]:
     """Decode ``answer`` for ``prompt`` under the policy; a pass costs the table's price of its rows plus
     ``key_seconds`` per row per cached position beyond the calibration's."""
@@ -160,7 +178,7 @@ def replay(
             policy.observe(seq, plan, accepted)
         policy.observe_step(seq, len(proposal.token_ids), accepted, StepTiming(step, rows))
         seq.output_ids.extend(answer[position : position + accepted + 1])
-    seq.status = SequenceStatus.FINISHED
+    seq.status, seq.finish_reason = SequenceStatus.FINISHED, finish_reason
     drafter.release(seq)
     return {
         "tokens": len(answer), "steps": steps, "drafts": drafts, "drafted": drafted,
@@ -205,9 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     drafter = drafters[args.drafter]
     policy = CostAwarePolicy(CostModel(load_costs(args.costs)))
     by_kind: dict[str, list[dict[str, float]]] = {}
-    for i, (kind, prompt, answer) in enumerate(requests(report, vocab)):
+    for i, (kind, _, _, prompt, answer, reason) in enumerate(requests(report, vocab)):
         oracle.expect(str(i), prompt, answer)
-        row = replay(drafter, policy, args.key_ms / 1e6, prompt, answer, args.num_draft_tokens, str(i))
+        key_seconds, limit = args.key_ms / 1e6, args.num_draft_tokens
+        row = replay(drafter, policy, key_seconds, prompt, answer, limit, str(i), reason)
         by_kind.setdefault(kind, []).append(row)
     result = {
         "machine": cpu_model(),  # where the drafter ran; the target's time is the table's

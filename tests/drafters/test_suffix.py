@@ -123,6 +123,51 @@ def test_a_running_request_drafts_from_another_running_request_of_its_tenant() -
     assert drafter.cache.num_requests == 0
 
 
+def test_a_copy_side_by_side_with_a_request_a_token_ahead_keeps_its_estimate() -> None:
+    """Two requests copy a finished output at once, one a token ahead (the engine admitted it a step
+    earlier). The leader's document ends because it is still being written, which says nothing against the
+    copy: the follower's estimate is the one it would have alone (counted against, its second token was
+    rated 0.49 and two repeated tasks at concurrency 4 drafted one token a step)."""
+    source = [50 + i for i in range(40)]
+
+    def follower_estimate(with_leader: bool) -> tuple[list[int], tuple[float, ...]]:
+        drafter = SuffixDrafter(min_prob=0.0, factor=8.0)
+        first = make_seq([100, 101, 102], source, "first")
+        first.finish_reason = "stop"
+        drafter.begin(first)
+        finish(drafter, first)
+        follower = make_seq([100, 101, 102], source[:10], "follow")
+        drafter.begin(follower)
+        if with_leader:
+            leader = make_seq([100, 101, 102], source[:11], "lead")
+            drafter.begin(leader)
+            drafter.available(leader, 8)  # now visible to its tenant
+        option = drafter.available(follower, 16)
+        return drafter.propose([follower], [option.max_tokens])[0].token_ids, option.token_probs
+
+    alone, together = follower_estimate(False), follower_estimate(True)
+    assert alone[0] == together[0] == source[10:26]
+    assert together[1] == pytest.approx(alone[1])
+
+
+@pytest.mark.parametrize(("reason", "ends"), [("stop", True), ("length", False), ("abort", False)])
+def test_only_an_output_that_stopped_counts_its_end_against_a_copy(reason: str, ends: bool) -> None:
+    """An output cut at its length limit (or aborted) could have gone on: its end is no evidence."""
+    drafter = SuffixDrafter(min_prob=0.0, factor=8.0)
+    for rid, output in (("long", [7, 8, 9, 10, 11, 12]), ("short", [7, 8, 9])):
+        seq = make_seq([1, 2, 3], output, rid)
+        seq.finish_reason = reason if rid == "short" else "stop"
+        drafter.begin(seq)
+        finish(drafter, seq)
+    probe = make_seq([4, 5, 6], [7, 8], "probe")
+    drafter.begin(probe)
+    option = drafter.available(probe, 3)
+    # Both outputs continue 7 8 with 9; then only "long" goes on, with 10.
+    assert drafter.propose([probe], [2])[0].token_ids == [9, 10]
+    share = 1 / 2 if ends else 1.0
+    assert option.token_probs[:2] == pytest.approx([reach(2), share * reach(3)])
+
+
 def test_the_cache_stays_within_its_bounds_under_a_long_run() -> None:
     rng = random.Random(0)
     drafter = SuffixDrafter(cache_requests=20, cache_tokens=600, depth=8)

@@ -137,7 +137,8 @@ class SuffixDrafter(Drafter):
             return
         self.cache.drop_live(state.tenant, seq.request_id)
         if seq.status is SequenceStatus.FINISHED and seq.output_ids:
-            self.cache.add_finished(state.tenant, seq.prompt_ids[-self.depth :], seq.output_ids)
+            stopped = seq.finish_reason == "stop"
+            self.cache.add_finished(state.tenant, seq.prompt_ids[-self.depth :], seq.output_ids, stopped)
 
     def close(self) -> None:
         self.cache.clear()

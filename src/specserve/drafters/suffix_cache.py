@@ -45,13 +45,14 @@ class SuffixCache:
             if not live:
                 del self._live[tenant]
 
-    def add_finished(self, tenant: str, prompt_tail: list[int], output: list[int]) -> None:
-        """Keep a finished output; evict the oldest documents (any tenant's) beyond the bounds."""
+    def add_finished(self, tenant: str, prompt_tail: list[int], output: list[int], ends: bool = True) -> None:
+        """Keep a finished output (``ends``: it stopped, rather than being cut at its length limit); evict the
+        oldest documents (any tenant's) beyond the bounds."""
         if not output or self.max_requests <= 0 or self.max_tokens <= 0:
             return
         room = self.max_tokens - len(output)
         context = prompt_tail[len(prompt_tail) - max(0, min(self.context_tokens, room)) :] if room > 0 else []
-        doc = Document(self.key_len, continuation_start=len(context))
+        doc = Document(self.key_len, continuation_start=len(context), ends=ends)
         doc.extend([*context, *output[-self.max_tokens :]])
         doc_id, self._next_id = self._next_id, self._next_id + 1
         self._finished[doc_id] = (tenant, doc)

@@ -14,7 +14,9 @@ dict trie of every suffix up to depth D costs D node inserts per token (D = 32: 
 token, ~100 bytes a node), and ArcticInference's C++ tree builds against torch and carries vLLM plugins.
 
 The estimate of each drafted token (``conditional``): the share of the surviving occurrences that continue
-with it (the tree's child count over its node's count, occurrences that end counting against it), times the
+with it (the tree's child count over its node's count; an occurrence that runs into the end of a text that
+ended there, an output that stopped, counts against it, while one that runs into the end of a text still
+being written, a running request's or one cut at its length limit, says nothing and is left out), times the
 chance that a copy of that length is followed at all, ``L / (L + MATCH_HALF)`` for the match length ``L``
 the token extends (the context matched plus the tokens drafted before it). The second factor is what makes
 a two-token coincidence weak and a 30-token copy strong even when each has a single occurrence: at 3.5 it
@@ -58,6 +60,11 @@ class Document:
     positions: dict[tuple[int, ...], list[int]] = field(default_factory=dict)
     indexed: int = 0
     """``tokens[:indexed]`` have had their key indexed."""
+    ends: bool = False
+    """The text ends where its tokens do (an output that stopped). False while it may go on: a running
+    request's document, or an output cut at its length limit. Two requests copying the same text side by
+    side, one a token ahead, each counted the other's end against the copy: at concurrency 4 the second
+    token of every draft was rated 0.49 and two repeated tasks drafted one token a step."""
 
     def extend(self, new_tokens: list[int]) -> None:
         """Append tokens and index every key whose continuation is now known."""
@@ -123,27 +130,30 @@ EMPTY_WALK = Walk((), (), 0)
 def walk(occurrences: list[Occurrence], match_len: int, max_tokens: int, min_prob: float) -> Walk:
     """Follow the most frequent continuation of ``occurrences`` (all of match >= ``match_len``) while the
     cumulative estimate stays at least ``min_prob``; ties go to the earliest listed (the latest written)."""
-    active = [(o.doc.tokens, o.pos) for o in occurrences]
+    active = [(o.doc.tokens, o.pos, o.doc.ends) for o in occurrences]
     drafted: list[int] = []
     conditional: list[float] = []
     cumulative = 1.0
     for depth in range(max_tokens):
         counts: dict[int, int] = {}
-        for tokens, pos in active:
+        ended = 0  # occurrences whose text ended here: evidence that the copy stops
+        for tokens, pos, ends in active:
             if pos + depth < len(tokens):
                 token = tokens[pos + depth]
                 counts[token] = counts.get(token, 0) + 1
+            elif ends:
+                ended += 1
         if not counts:
             break
         token, count = max(counts.items(), key=lambda kv: kv[1])  # first maximum: the latest occurrence's
         reach = match_len + depth
-        p = count / len(active) * reach / (reach + MATCH_HALF)
+        p = count / (sum(counts.values()) + ended) * reach / (reach + MATCH_HALF)
         if cumulative * p < min_prob:
             break
         cumulative *= p
         drafted.append(token)
         conditional.append(p)
-        active = [(t, pos) for t, pos in active if pos + depth < len(t) and t[pos + depth] == token]
+        active = [o for o in active if o[1] + depth < len(o[0]) and o[0][o[1] + depth] == token]
     return Walk(tuple(drafted), tuple(conditional), match_len)
 
 
