@@ -11,7 +11,7 @@ from specserve.drafters.suffix import SuffixDrafter
 from specserve.drafters.suffix_cache import SuffixCache
 from specserve.drafters.suffix_index import MATCH_HALF, Document, Occurrence, best_walk, match_length, walk
 from specserve.request import PositionalUniforms, SamplingParams
-from specserve.sequence import Sequence, SequenceStatus
+from specserve.sequence import FinishReason, Sequence, SequenceStatus
 
 
 def make_seq(prompt: list[int], output: list[int] | None = None, rid: str = "r", salt: str = "") -> Sequence:
@@ -151,7 +151,7 @@ def test_a_copy_side_by_side_with_a_request_a_token_ahead_keeps_its_estimate() -
 
 
 @pytest.mark.parametrize(("reason", "ends"), [("stop", True), ("length", False), ("abort", False)])
-def test_only_an_output_that_stopped_counts_its_end_against_a_copy(reason: str, ends: bool) -> None:
+def test_only_an_output_that_stopped_counts_its_end_against_a_copy(reason: FinishReason, ends: bool) -> None:
     """An output cut at its length limit (or aborted) could have gone on: its end is no evidence."""
     drafter = SuffixDrafter(min_prob=0.0, factor=8.0)
     for rid, output in (("long", [7, 8, 9, 10, 11, 12]), ("short", [7, 8, 9])):
