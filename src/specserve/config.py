@@ -245,6 +245,11 @@ class Settings:
         "info", "Server log level (info logs one summary line per request)."
     )
     log_prompts: bool = _operations(False, "Log prompt and output text in request lines (off: never logged).")
+    step_log: str | None = _operations(
+        None,
+        "Append one JSON line per engine step to this file: its passes with their priced and measured "
+        "seconds, and each sequence's drafter, tokens drafted, kept and expected (counts, never text).",
+    )
     api_keys: str | None = _operations(
         None, "Comma-separated API keys for /v1/* (environment only: SPECSERVE_API_KEYS).", secret=True
     )

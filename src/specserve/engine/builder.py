@@ -25,6 +25,7 @@ from specserve.engine.draft_policy import DraftLengthPolicy, FixedLengthPolicy
 from specserve.engine.engine import SpeculativeEngine
 from specserve.engine.options import EngineOptions
 from specserve.engine.prefix_cache import PrefixCache
+from specserve.engine.step_log import StepLog
 
 if TYPE_CHECKING:
     from specserve.models import ModelStore
@@ -126,7 +127,10 @@ class LoadedModels:
 def build_engine(settings: Settings, calibrate_costs: bool = True) -> tuple[SpeculativeEngine, BuildReport]:
     """The engine the settings describe (the server's and ``generate``'s), with its build report."""
     models = load_models(settings, calibrate_costs)
-    return models.engine(prefix_cache=True), models.report
+    engine = models.engine(prefix_cache=True)
+    if settings.step_log:
+        engine.step_log = StepLog(settings.step_log)
+    return engine, models.report
 
 
 def load_models(settings: Settings, calibrate_costs: bool = True, keep_draft: bool = False) -> LoadedModels:

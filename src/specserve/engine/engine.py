@@ -24,9 +24,10 @@ from specserve.engine.options import EngineOptions
 from specserve.engine.outputs import EngineOutput, request_end, request_start
 from specserve.engine.prefix_cache import PrefixCache
 from specserve.engine.prompt_logprobs import prefill_rows, take_prompt_logprobs
-from specserve.engine.scheduler import Scheduler
+from specserve.engine.scheduler import ScheduledBatch, Scheduler
 from specserve.engine.speculation_budget import StepTiming
 from specserve.engine.stats import EngineStats
+from specserve.engine.step_log import StepLog
 from specserve.request import PositionalUniforms, SamplingParams
 from specserve.sequence import Sequence, SequenceStatus, SpeculationOptions
 from specserve.structured.grammar import GrammarCompiler
@@ -66,7 +67,9 @@ class SpeculativeEngine:
         """Structured outputs' grammars for this target (llguidance loads on the first one)."""
         self._step_tokens = 0  # rows of the step's target pass (its cost is observed after verification)
         self._step_timing = StepTiming(0.0, 0)
-        self._step_passes = 0  # passes over the weights it ran as (llama.cpp splits calls by KV stream)
+        self._step_passes: list[int] = []  # rows of each pass it ran as (llama.cpp splits by KV stream)
+        self.step_log: StepLog | None = None
+        """Where each step's line goes (the ``step_log`` setting); None: nothing is written or computed."""
         self._step_seconds = 0.0
 
     # -- requests ---------------------------------------------------------------------------------
@@ -159,6 +162,8 @@ class SpeculativeEngine:
         emitted = self._verify(emitting, logits)
         logprobs = emitted_logprobs(emitting, emitted, logits)
         self._account(batch.prefills, batch.decodes)
+        if self.step_log is not None:
+            self._log_step(batch, emitting, emitted)
         outputs = [
             self._isolated(e.seq, self._commit_step, e, tokens, entries)
             for e, tokens, entries in zip(emitting, emitted, logprobs, strict=True)
@@ -193,9 +198,7 @@ class SpeculativeEngine:
             verify = [seq.tokens[-1], *proposal.token_ids]
             chunks.append(DecodeChunk(seq.slot, verify, seq.num_computed, len(verify)))
         self._step_tokens = sum(len(c.tokens) for c in chunks)
-        self._step_passes = len(
-            self.target.call_rows([len(c.tokens) for c in chunks], [c.seq_id for c in chunks])
-        )
+        self._step_passes = self.target.call_rows([len(c.tokens) for c in chunks], [c.seq_id for c in chunks])
         start = time.perf_counter()
         logits = self.target.decode(chunks)
         self._step_seconds = time.perf_counter() - start
@@ -205,6 +208,14 @@ class SpeculativeEngine:
             seq.num_computed += n
         return logits
 
+    def _log_step(
+        self, batch: ScheduledBatch, emitting: list[Emitting], emitted: list[list[int] | Exception]
+    ) -> None:
+        assert self.step_log is not None
+        passes = self._step_passes
+        priced = sum(self.costs.target(n) for n in passes)
+        self.step_log.record(batch, emitting, emitted, passes, self._step_timing.seconds, priced)
+
     def _account(self, prefills: list[tuple[Sequence, int]], decodes: list[Sequence]) -> None:
         """The target pass's cost into the cost model and the stats, once the step's ids are verified: a
         device runtime times its own work (it returns from ``decode`` before that work is done, and its
@@ -212,7 +223,7 @@ class SpeculativeEngine:
         device_seconds = self.target.last_decode_seconds()
         elapsed = self._step_seconds if device_seconds is None else device_seconds
         self._step_timing = StepTiming(elapsed, self._step_tokens)
-        if not prefills and self._step_passes == 1:  # a step of several passes is not one table entry
+        if not prefills and len(self._step_passes) == 1:  # several passes are not one table entry
             self.costs.target.observe(self._step_tokens, elapsed)
         self.stats.verify_seconds += elapsed
         for seq in decodes:
@@ -357,4 +368,6 @@ class SpeculativeEngine:
     def close(self) -> None:
         for drafter in self.drafters.values():
             drafter.close()
+        if self.step_log is not None:
+            self.step_log.close()
         self.target.close()
