@@ -28,7 +28,8 @@ torch = pytest.importorskip("torch")
 from specserve.backends.base import DecodeChunk  # noqa: E402
 from specserve.chat import chat_prompt_ids  # noqa: E402
 from specserve.config import DrafterChoice, Settings  # noqa: E402
-from specserve.engine.builder import LoadedModels, load_models, open_runtime  # noqa: E402
+from specserve.engine.builder import LoadedModels, load_models  # noqa: E402
+from specserve.engine.runtimes import open_runtime  # noqa: E402
 from specserve.errors import UserError  # noqa: E402
 from specserve.request import SamplingParams  # noqa: E402
 from support.distribution import assert_follows, exact_pairs, sampled_pairs  # noqa: E402

@@ -16,10 +16,11 @@ import numpy.typing as npt
 from specserve.backends.base import DecodeChunk, ModelRuntime, to_host
 from specserve.chat import chat_prompt_ids
 from specserve.config import Settings
-from specserve.engine.builder import LoadedModels, open_runtime
+from specserve.engine.builder import LoadedModels
 from specserve.engine.draft_policy import DraftLengthPolicy, FixedLengthPolicy
 from specserve.engine.offline import OfflineEngine
 from specserve.engine.output_processor import RequestState
+from specserve.engine.runtimes import open_runtime
 from specserve.request import SamplingParams
 from specserve.tools.workloads import ToolInputError
 

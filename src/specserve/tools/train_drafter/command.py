@@ -24,7 +24,7 @@ def train_drafter_command(args: argparse.Namespace) -> int:
             raise ToolInputError(f"--{flag.replace('_', '-')} must be >= 1")
     if args.block_size < 2:
         raise ToolInputError("--block-size must be >= 2 (a block drafts block size - 1 tokens)")
-    from specserve.engine.builder import open_runtime
+    from specserve.engine.runtimes import open_runtime
     from specserve.models import ModelStore
     from specserve.tools.train_drafter.loop import TrainOptions, train_drafter
 
