@@ -195,11 +195,10 @@ def summary(rows: list[dict[str, float]]) -> dict[str, float]:
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in total.items()}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.agent_replay", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument("--report", type=Path, required=True, help="an agent bench's report.json")
+def arguments(prog: str, description: str) -> argparse.ArgumentParser:
+    """The replays' shared flags (the suffix drafter's settings, the report, the table and the tokenizer)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--report", type=Path, required=True, help="an agent bench's report.json (level 1)")
     parser.add_argument("--costs", type=Path, required=True, help="a calibration file or generate --json")
     parser.add_argument("--model", type=Path, default=None, help="the target GGUF (its tokenizer)")
     parser.add_argument("--drafter", choices=("suffix", "ngram", "copy-oracle"), default="suffix")
@@ -207,27 +206,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--depth", type=int, default=SUFFIX_DEPTH)
     parser.add_argument("--factor", type=float, default=SUFFIX_FACTOR)
     parser.add_argument("--min-prob", type=float, default=SUFFIX_MIN_PROB)
-    parser.add_argument("--key-ms", type=float, default=0.0, help="ms per row per 1,000 cached positions")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def recorded_turns(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[Turn]:
     model = args.model or ModelStore().locate(CATALOG[DEFAULT_TARGET])
     if model is None:
         parser.error("the default target is not pulled (run: specserve models pull), or give --model")
-    vocab = LlamaCppVocabulary(model)
-    report = json.loads(args.report.read_text())
-    oracle = CopyOracle()
+    return requests(json.loads(args.report.read_text()), LlamaCppVocabulary(model))
+
+
+def chosen_drafter(args: argparse.Namespace, oracle: CopyOracle) -> Drafter:
     drafters: dict[str, Drafter] = {
         "suffix": SuffixDrafter(args.depth, args.factor, args.min_prob),
         "ngram": NgramDrafter(),
         "copy-oracle": oracle,
     }
-    drafter = drafters[args.drafter]
-    policy = CostAwarePolicy(CostModel(load_costs(args.costs)))
-    by_kind: dict[str, list[dict[str, float]]] = {}
-    for i, (kind, _, _, prompt, answer, reason) in enumerate(requests(report, vocab)):
-        oracle.expect(str(i), prompt, answer)
-        key_seconds, limit = args.key_ms / 1e6, args.num_draft_tokens
-        row = replay(drafter, policy, key_seconds, prompt, answer, limit, str(i), reason)
-        by_kind.setdefault(kind, []).append(row)
+    return drafters[args.drafter]
+
+
+def print_result(args: argparse.Namespace, by_kind: dict[str, list[dict[str, float]]]) -> None:
     result = {
         "machine": cpu_model(),  # where the drafter ran; the target's time is the table's
         "settings": {k: str(v) for k, v in vars(args).items()},
@@ -235,6 +233,23 @@ def main(argv: list[str] | None = None) -> int:
         "all": summary([r for rows in by_kind.values() for r in rows]),
     }
     print(json.dumps(result, indent=1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = arguments("python -m benchmarks.agent_replay", __doc__.split("\n\n")[0])
+    parser.add_argument("--key-ms", type=float, default=0.0, help="ms per row per 1,000 cached positions")
+    args = parser.parse_args(argv)
+    turns = recorded_turns(parser, args)
+    oracle = CopyOracle()
+    drafter = chosen_drafter(args, oracle)
+    policy = CostAwarePolicy(CostModel(load_costs(args.costs)))
+    by_kind: dict[str, list[dict[str, float]]] = {}
+    for i, (kind, _, _, prompt, answer, reason) in enumerate(turns):
+        oracle.expect(str(i), prompt, answer)
+        key_seconds, limit = args.key_ms / 1e6, args.num_draft_tokens
+        row = replay(drafter, policy, key_seconds, prompt, answer, limit, str(i), reason)
+        by_kind.setdefault(kind, []).append(row)
+    print_result(args, by_kind)
     return 0
 
 

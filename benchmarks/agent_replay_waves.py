@@ -22,26 +22,25 @@ Prints one JSON object: per trace kind and in all, as benchmarks/agent_replay.py
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from benchmarks.agent_replay import CopyOracle, Turn, load_costs, requests, summary
-from benchmarks.batch_pass import cpu_model
+from benchmarks.agent_replay import (
+    CopyOracle,
+    Turn,
+    arguments,
+    chosen_drafter,
+    load_costs,
+    print_result,
+    recorded_turns,
+)
 from specserve.backends.llama_cpp_passes import stream_passes
-from specserve.backends.llama_cpp_vocab import LlamaCppVocabulary
-from specserve.config import NUM_DRAFT_TOKENS, SUFFIX_DEPTH, SUFFIX_FACTOR, SUFFIX_MIN_PROB
 from specserve.drafters.base import Drafter
-from specserve.drafters.ngram import NgramDrafter
-from specserve.drafters.suffix import SuffixDrafter
 from specserve.engine.cost_model import CostModel, StepCostTable
 from specserve.engine.cost_policy import CostAwarePolicy
 from specserve.engine.draft_policy import DraftPlan
 from specserve.engine.speculation_budget import StepTiming
-from specserve.models import CATALOG, DEFAULT_TARGET, ModelStore
 from specserve.request import PositionalUniforms, SamplingParams
 from specserve.sequence import Sequence, SequenceStatus
 
@@ -169,41 +168,20 @@ def waves(turns: list[Turn], concurrency: int) -> list[list[list[Turn]]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.agent_replay_waves", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument("--report", type=Path, required=True, help="an agent bench's report.json (level 1)")
-    parser.add_argument("--costs", type=Path, required=True, help="a calibration file or generate --json")
-    parser.add_argument("--model", type=Path, default=None, help="the target GGUF (its tokenizer)")
+    parser = arguments("python -m benchmarks.agent_replay_waves", __doc__.split("\n\n")[0])
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--drafter", choices=("suffix", "ngram", "copy-oracle"), default="suffix")
-    parser.add_argument("--num-draft-tokens", type=int, default=NUM_DRAFT_TOKENS)
     args = parser.parse_args(argv)
-    model = args.model or ModelStore().locate(CATALOG[DEFAULT_TARGET])
-    if model is None:
-        parser.error("the default target is not pulled (run: specserve models pull), or give --model")
-    turns = requests(json.loads(args.report.read_text()), LlamaCppVocabulary(model))
+    turns = recorded_turns(parser, args)
     table = load_costs(args.costs)
     plain = Replay(table, None, args.num_draft_tokens, CopyOracle())
     plain.run(waves(turns, args.concurrency))
     oracle = CopyOracle()
-    drafters: dict[str, Drafter] = {
-        "suffix": SuffixDrafter(SUFFIX_DEPTH, SUFFIX_FACTOR, SUFFIX_MIN_PROB),
-        "ngram": NgramDrafter(),
-        "copy-oracle": oracle,
-    }
-    spec = Replay(table, drafters[args.drafter], args.num_draft_tokens, oracle)
+    spec = Replay(table, chosen_drafter(args, oracle), args.num_draft_tokens, oracle)
     spec.run(waves(turns, args.concurrency))
     by_kind: dict[str, list[dict[str, float]]] = {}
     for rid, (kind, row) in spec.rows.items():
         by_kind.setdefault(kind, []).append({**row, "plain_seconds": plain.rows[rid][1]["seconds"]})
-    result = {
-        "machine": cpu_model(),  # where the drafter ran; the target's time is the table's
-        "settings": {k: str(v) for k, v in vars(args).items()},
-        "kinds": {kind: summary(rows) for kind, rows in by_kind.items()},
-        "all": summary([r for rows in by_kind.values() for r in rows]),
-    }
-    print(json.dumps(result, indent=1))
+    print_result(args, by_kind)
     return 0
 
 

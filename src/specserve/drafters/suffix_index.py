@@ -63,8 +63,8 @@ class Document:
     ends: bool = False
     """The text ends where its tokens do (an output that stopped). False while it may go on: a running
     request's document, or an output cut at its length limit. Two requests copying the same text side by
-    side, one a token ahead, each counted the other's end against the copy: at concurrency 4 the second
-    token of every draft was rated 0.49 and two repeated tasks drafted one token a step."""
+    side, one a token ahead: the trailing one counted the leader's end against the copy, rated its second
+    token 0.49, and at concurrency 4 two repeated tasks drafted one token a step."""
 
     def extend(self, new_tokens: list[int]) -> None:
         """Append tokens and index every key whose continuation is now known."""

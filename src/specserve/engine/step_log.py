@@ -4,7 +4,7 @@ The request summary lines say what a request's speculation gained in all; this s
 passes the runtime made of the step and their priced and measured seconds, and for each sequence its slot,
 the drafter and match bucket it drafted from, the tokens it drafted and kept, and the tokens the policy
 expected. Two runs of one task side by side at concurrency 4 drafted one token a step for 90 steps, with
-every token kept; the line of each step showed why (the drafter rated each draft's second token 0.49).
+every token kept; the lines showed why (the drafter rated the trailing run's second token 0.49).
 
 A line holds counts, never token ids or text (a prompt never reaches the log this way), and costs a few
 microseconds; without the setting nothing is written or computed.
