@@ -21,7 +21,9 @@ Run from the repository root with specserve installed (``.venv/bin/python -m ben
   a model-free drafter and the cost policy on a fixed cost table (noise-free; a copy oracle as the bound);
   ``python -m benchmarks.agent_replay_waves --report R --costs C --concurrency 4``: the same, the traces
   decoding side by side in waves as the bench sends them, every step priced as llama.cpp's passes;
-* ``python -m benchmarks.depth_cost``: a target pass of n rows after d cached tokens, beside the cost table.
+* ``python -m benchmarks.depth_cost``: a target pass of n rows after d cached tokens, beside the cost table;
+* ``python -m benchmarks.step_log_pricing --costs C LOG…``: a served run's step log (``--step-log``) replayed
+  through the cost table as the engine refines it: measured / priced per band of verified rows.
 
 The engine measurements take the flags they took under ``specserve bench`` (``--output-dir``, ``--repeats``,
 ``--config`` and the engine settings' flags: ``--target``, ``--threads``, ``--exact`` …). This package may

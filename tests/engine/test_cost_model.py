@@ -81,9 +81,29 @@ def test_observe_is_an_exponential_moving_average() -> None:
     assert table(1) == pytest.approx(2.0, rel=1e-3)
     assert table(2) == pytest.approx(4.0, rel=1e-3)  # one-token steps move the whole curve's level
     assert table.observations == 301
-    table.observe(8, 20.0)  # a verify size moves its own point only
+    table.observe(8, 20.0)  # a verify size moves its own point as an average, its neighbours less
     assert table(8) == pytest.approx(0.95 * 16.0 + 0.05 * 20.0, rel=1e-3)
     assert table(1) == pytest.approx(2.0, rel=1e-3)
+
+
+def test_a_verify_size_moves_its_neighbours_less_with_distance() -> None:
+    """A size seen a few times in a run (17–32 rows) learns from the sizes around it: at depth they all cost
+    more than the table measured near an empty context (Zen 5, concurrency 4: 1.10x their price)."""
+    table = StepCostTable.from_samples({1: 1.0, 64: 64.0})
+    before = table.seconds.copy()
+    table.observe(16, 20.0)  # 1.25x its price
+    ratio = table.seconds / np.where(before > 0, before, 1.0)
+    step = (0.95 * 16.0 + 0.05 * 20.0) / 16.0
+    assert ratio[16] == pytest.approx(step)
+    assert ratio[8] == pytest.approx(step**0.5) and ratio[32] == pytest.approx(step**0.5)
+    assert 1.0 < ratio[24] < step and 1.0 < ratio[12] < step
+    assert ratio[4] == pytest.approx(1.0) and ratio[64] == pytest.approx(1.0)  # two doublings away
+    assert ratio[1] == 1.0 and ratio[2] == 1.0  # the one-token step sets the level; 2 rows are 3 octaves off
+    for _ in range(200):
+        table.observe(24, 30.0)  # 1.25x the table's 24 rows, again and again
+    assert table(24) == pytest.approx(30.0, rel=1e-3)
+    assert table(20) / before[20] == pytest.approx(table(28) / before[28], rel=0.05)
+    assert table(20) / before[20] > 1.15  # learnt from 24's observations alone
 
 
 def test_the_curve_keeps_its_shape_when_decoding_deepens_the_one_token_step() -> None:
