@@ -10,9 +10,11 @@ reads ``seconds(n)``.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import logging
+import math
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from specserve.backends.base import DecodeChunk, ModelRuntime
 
@@ -82,10 +85,10 @@ class StepCostTable:
         A verify size moves its neighbours too (``SHARED_OCTAVES``), by the same ratio, less with distance:
         one size of 17–32 rows is seen a few times in a run, and on its own the average barely moved. At
         concurrency 4 on the agent traces (AMD EPYC Zen 5) one-pass steps of 17–32 rows then ran 1.10x
-        their price and 9–16 rows 1.08x, while 1–4 rows (seen thousands of times) were within 0.3 %: an
+        their price and 9–16 rows 1.08x, while 1–4 rows (seen thousands of times) were within 0.5 %: an
         agent's long verifies at depth cost more than the table measured near an empty context, at every
         size alike, and the policy drafted as if they did not. Replaying that run's steps through the
-        table, shared this way, prices them at 1.005x and 1.02x."""
+        table, shared this way, prices them at 1.00x and 1.01x."""
         if not 0 < n_tokens < self.seconds.size:
             return
         current = self.seconds[n_tokens]
@@ -97,10 +100,17 @@ class StepCostTable:
         elif n_tokens == 1:
             self.seconds *= updated / current
         else:
-            sizes = np.arange(2, self.seconds.size, dtype=np.float64)
-            weight = np.clip(1 - np.abs(np.log2(sizes / n_tokens)) / SHARED_OCTAVES, 0.0, 1.0)
-            self.seconds[2:] *= (updated / current) ** weight
+            distance = np.abs(_octaves(self.seconds.size) - math.log2(n_tokens))
+            self.seconds[2:] *= (updated / current) ** np.maximum(1 - distance / SHARED_OCTAVES, 0.0)
         self.observations += 1
+
+
+@functools.cache
+def _octaves(size: int) -> npt.NDArray[np.float64]:
+    """log2 of the verify sizes 2 .. size - 1 of a table with ``size`` entries (read-only)."""
+    octaves = np.log2(np.arange(2, size, dtype=np.float64))
+    octaves.flags.writeable = False
+    return octaves
 
 
 @dataclass
