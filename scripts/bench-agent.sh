@@ -28,7 +28,7 @@ target=$($S models pull qwen2.5-coder-1.5b-instruct | sed 's/^[^:]*: //')
 draft=$($S models pull qwen2.5-coder-0.5b-instruct | sed 's/^[^:]*: //')
 mkdir -p "$OUT"
 lscpu | grep -E '^Model name|^Flags' | sed 's/^Flags: *\(.*\)$/Flags (avx*): /;' >"$OUT/agent-machine.txt" || true
-grep -o -w -E 'avx2|avx512[a-z_]*|amx[a-z_]*' /proc/cpuinfo | sort -u | tr '\n' ' ' >>"$OUT/agent-machine.txt" || true
+grep -o -w -E 'avx2|avx_vnni|avx512[a-z0-9_]*|amx[a-z0-9_]*' /proc/cpuinfo | sort -u | tr '\n' ' ' >>"$OUT/agent-machine.txt" || true
 
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }

@@ -70,3 +70,30 @@ def test_each_step_is_a_line_and_its_counts_add_up_to_the_requests(
         "estimates",
         "error",
     }
+
+
+class DoublingTable(StepCostTable):
+    """Every observed step doubles the table: a logged price shows whether that step's time is in it."""
+
+    def observe(self, n_tokens: int, seconds: float) -> None:
+        self.seconds *= 2
+        self.observations += 1
+
+
+def test_a_step_is_logged_at_the_price_it_was_planned_with(tiny_models: TinyModels, tmp_path: Path) -> None:
+    """benchmarks/step_log_pricing.py replays the table from the log: the price must be the one the policy
+    saw, before the step's own time refines the table."""
+    target = LlamaCppRuntime(tiny_models.target, context_per_sequence=256, max_sequences=1, n_threads=1)
+    table = DoublingTable(StepCostTable.from_samples({1: 0.01, 64: 0.64}).seconds)
+    engine = SpeculativeEngine(target, {}, FixedLengthPolicy(), CostModel(table), EngineOptions((), 0))
+    path = tmp_path / "steps.jsonl"
+    engine.step_log = StepLog(path)
+    offline = OfflineEngine(engine)
+    try:
+        offline.add_request("r", target.tokenize(PROMPT), SamplingParams(max_tokens=4))
+        offline.run()
+    finally:
+        engine.close()
+    decodes = [json.loads(line) for line in path.read_text().splitlines() if '"prefill":[]' in line]
+    assert [d["passes"] for d in decodes] == [[1], [1], [1]]
+    assert [d["priced"] for d in decodes] == [0.01, 0.02, 0.04]  # 0.02, 0.04, 0.08 priced after observing

@@ -84,11 +84,13 @@ class StepCostTable:
 
         A verify size moves its neighbours too (``SHARED_OCTAVES``), by the same ratio, less with distance:
         one size of 17–32 rows is seen a few times in a run, and on its own the average barely moved. At
-        concurrency 4 on the agent traces (AMD EPYC Zen 5) one-pass steps of 17–32 rows then ran 1.10x
-        their price and 9–16 rows 1.08x, while 1–4 rows (seen thousands of times) were within 0.5 %: an
+        concurrency 4 on the agent traces (AMD EPYC Zen 5) one-pass steps of 17–32 rows then ran 1.13–1.14x
+        their price and 9–16 rows 1.05–1.07x, while 1–4 rows (seen thousands of times) were within 0.3 %: an
         agent's long verifies at depth cost more than the table measured near an empty context, at every
-        size alike, and the policy drafted as if they did not. Replaying that run's steps through the
-        table, shared this way, prices them at 1.00x and 1.01x."""
+        size alike, and the policy drafted as if they did not. Small sizes (2–4 rows: the plain steps of a
+        few sequences) move with nearby verifies too, and are observed often enough to correct themselves;
+        the last entry, which prices every pass beyond the table (long prompt chunks too), moves with
+        observations of 16–63 rows."""
         if not 0 < n_tokens < self.seconds.size:
             return
         current = self.seconds[n_tokens]

@@ -68,6 +68,7 @@ class SpeculativeEngine:
         self._step_tokens = 0  # rows of the step's target pass (its cost is observed after verification)
         self._step_timing = StepTiming(0.0, 0)
         self._step_passes: list[int] = []  # rows of each pass it ran as (llama.cpp splits by KV stream)
+        self._step_priced = 0.0  # the cost table's price of those passes (kept for the step log)
         self.step_log: StepLog | None = None
         """Where each step's line goes (the ``step_log`` setting); None: nothing is written or computed."""
         self._step_seconds = 0.0
@@ -212,9 +213,8 @@ class SpeculativeEngine:
         self, batch: ScheduledBatch, emitting: list[Emitting], emitted: list[list[int] | Exception]
     ) -> None:
         assert self.step_log is not None
-        passes = self._step_passes
-        priced = sum(self.costs.target(n) for n in passes)
-        self.step_log.record(batch, emitting, emitted, passes, self._step_timing.seconds, priced)
+        timing = self._step_timing
+        self.step_log.record(batch, emitting, emitted, self._step_passes, timing.seconds, self._step_priced)
 
     def _account(self, prefills: list[tuple[Sequence, int]], decodes: list[Sequence]) -> None:
         """The target pass's cost into the cost model and the stats, once the step's ids are verified: a
@@ -223,6 +223,8 @@ class SpeculativeEngine:
         device_seconds = self.target.last_decode_seconds()
         elapsed = self._step_seconds if device_seconds is None else device_seconds
         self._step_timing = StepTiming(elapsed, self._step_tokens)
+        if self.step_log is not None:  # the price the policy planned with, before this step refines it
+            self._step_priced = sum(self.costs.target(n) for n in self._step_passes)
         if not prefills and len(self._step_passes) == 1:  # several passes are not one table entry
             self.costs.target.observe(self._step_tokens, elapsed)
         self.stats.verify_seconds += elapsed

@@ -42,7 +42,8 @@ class StepLog:
         priced: float,
     ) -> None:
         """``passes``: rows of each pass the runtime made; ``seconds``: the target pass as measured;
-        ``priced``: the cost table's price of those passes."""
+        ``priced``: the cost table's price of those passes, as the policy planned the step (before the
+        step's own time refines the table)."""
         sequences: list[dict[str, Any]] = []
         for e, tokens in zip(emitting, emitted, strict=True):
             line: dict[str, Any] = {"id": e.seq.request_id, "slot": e.seq.slot}
