@@ -37,8 +37,12 @@ BANDS = ((1, 1), (2, 4), (5, 8), (9, 16), (17, 32), (33, 10**9))
 
 
 def band(rows: int) -> str:
-    low, high = next(b for b in BANDS if b[0] <= rows <= b[1])
+    low, high = BANDS[_band_index(rows)]
     return str(low) if low == high else f"{low}+" if high == 10**9 else f"{low}-{high}"
+
+
+def _band_index(rows: int) -> int:
+    return next(i for i, (low, high) in enumerate(BANDS) if low <= rows <= high)
 
 
 class OwnSizeTable(StepCostTable):
@@ -69,25 +73,21 @@ def price_steps(table: StepCostTable, steps: Iterable[dict[str, Any]]) -> dict[s
         if not leveled and priced > 0 and step.get("priced", 0) > 0:
             table.seconds *= step["priced"] / priced  # the level the server's probe set at load
             priced, leveled = step["priced"], True
-        total = sums.setdefault((_band_start(sum(passes)), len(passes)), [0, 0.0, 0.0])
+        total = sums.setdefault((_band_index(sum(passes)), len(passes)), [0, 0.0, 0.0])
         total[0] += 1
         total[1] += step["seconds"]
         total[2] += priced
         if len(passes) == 1:
             table.observe(passes[0], step["seconds"])
     return {
-        band(start) + ("" if count == 1 else f" in {count} passes"): {
+        band(BANDS[index][0]) + ("" if count == 1 else f" in {count} passes"): {
             "steps": s[0],
             "seconds": round(s[1], 3),
             "measured_over_priced": round(s[1] / s[2], 4),
         }
-        for (start, count), s in sorted(sums.items())
+        for (index, count), s in sorted(sums.items())
         if s[2] > 0
     }
-
-
-def _band_start(rows: int) -> int:
-    return next(low for low, high in BANDS if low <= rows <= high)
 
 
 def main(argv: list[str] | None = None) -> int:
