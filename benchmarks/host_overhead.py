@@ -9,7 +9,8 @@ plain and with all-accepted n-gram drafts, on the null runtime (151,936-wide fix
 tensor when torch is installed) and on the tiny GGUF (tests/support/tiny_models.py's 2-layer target
 through llama.cpp, one thread). ``streams``: streamed tokens/s and CPU µs per token of specserve's server
 and, with ``--llama-server``, stock llama-server on the same tiny GGUF, both up and measured in
-alternation, ``--repeats`` rounds, the median kept (benchmarks/host_stream.py).
+alternation, ``--repeats`` rounds, the median kept, and against llama-server the median of the rounds'
+paired ratios (benchmarks/host_stream.py).
 Writes ``host-overhead.json`` and ``host-overhead.md`` to ``--output-dir``.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -122,10 +124,26 @@ def stream_rows(args: argparse.Namespace, model: Path, out: Path) -> list[dict[s
         for server in servers:
             server.stop()
     rows = []
-    for measured in rounds.values():
+    for (name, streams), measured in rounds.items():
         ranked = sorted(measured, key=lambda r: r["tokens_per_s"])
-        rows.append({**ranked[len(ranked) // 2], "rounds": [r["tokens_per_s"] for r in measured]})
+        row = {**ranked[len(ranked) // 2], "rounds": [r["tokens_per_s"] for r in measured]}
+        peer = rounds.get(("llama-server", streams))
+        if peer is not None and name != "llama-server":
+            row["vs_llama_server"] = paired_ratio(row["rounds"], [r["tokens_per_s"] for r in peer])
+        rows.append(row)
     return rows
+
+
+def paired_ratio(ours: list[float], peer: list[float]) -> dict[str, float]:
+    """Our tokens/s over the peer's, round by round (the two stream one after the other in each round):
+    the median and quartiles of those ratios. This VM's speed moves between rounds (one stream: 4,200 to
+    9,000 tok/s for llama-server in seven rounds), and a ratio of two medians taken from different rounds
+    carries that drift; a round's two measurements share it."""
+    ratios = sorted(a / b for a, b in zip(ours, peer, strict=True) if b > 0)
+    if not ratios:
+        return {}
+    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    return {"median": round(quartiles[1], 3), "q1": round(quartiles[0], 3), "q3": round(quartiles[2], 3)}
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -137,11 +155,18 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in report["steps"]]
         lines.append("")
     if report["streams"]:
-        cols = ["server", "streams", "tokens_per_s", "process_cpu_us_per_token"]
+        cols = ["server", "streams", "tokens_per_s", "vs_llama_server", "process_cpu_us_per_token"]
         cols += ["event_loop_cpu_us_per_token", "engine_cpu_us_per_token", "rounds"]
         lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-        lines += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in report["streams"]]
+        lines += ["| " + " | ".join(_cell(r.get(c, "")) for c in cols) + " |" for r in report["streams"]]
+        lines += ["", "vs_llama_server: the median of the rounds' paired ratios (quartiles)."]
     return "\n".join(lines) + "\n"
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, dict) and "median" in value:
+        return f"{value['median']:.2f}x ({value['q1']:.2f}-{value['q3']:.2f})"
+    return str(value)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,7 @@ import pytest
 from bench_env import isolated_env  # noqa: F401  (autouse)
 
 from benchmarks import host_steps
-from benchmarks.host_overhead import runtimes
+from benchmarks.host_overhead import paired_ratio, runtimes
 from support.tiny_models import TinyModels
 
 
@@ -25,3 +25,14 @@ def test_the_null_runtime_steps_are_all_accepted_and_booked(
     assert phases == pytest.approx(row["step_us"], rel=1e-3, abs=0.5)
     assert row["verify_us"] > 0 and row["commit_us"] > 0
     made[-1][1].close()
+
+
+def test_the_ratio_to_llama_server_pairs_each_round_with_its_own() -> None:
+    # The machine is twice as fast in rounds 2 and 4: each round's pair shares it, so every ratio is 0.8;
+    # a ratio of the two medians (4,000 / 8,000) would read 0.5.
+    ours = [3200.0, 6400.0, 3200.0, 6400.0, 3200.0]
+    peer = [4000.0, 8000.0, 4000.0, 8000.0, 8000.0]
+    ratio = paired_ratio(ours, peer)
+    assert ratio["median"] == pytest.approx(0.8)
+    assert ratio["q1"] == pytest.approx(0.6)  # the one round where only the peer ran fast
+    assert paired_ratio([], []) == {}

@@ -50,6 +50,7 @@ from specserve.backends.base import (
     row_offsets,
 )
 from specserve.backends.invariance import check_batch_invariance, check_rows
+from specserve.backends.llama_cpp_batch import LlamaBatch
 from specserve.backends.llama_cpp_lib import llama_lib
 from specserve.backends.llama_cpp_passes import stream_passes
 from specserve.backends.llama_cpp_tiled import (
@@ -236,12 +237,7 @@ class LlamaCppRuntime(VocabularyMethods, ModelRuntime[HostLogits]):
             # flash attention changes what each call size costs: a calibration is kept per choice
             build=f"{_features()}FLASH_ATTN = {int(flash)} | ",
         )
-        self._batch = lib.llama_batch_init(self._capacity, 0, 1)
-        self._tokens = np.ctypeslib.as_array(self._batch.token, shape=(self._capacity,))
-        self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(self._capacity,))
-        self._n_seq_id = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(self._capacity,))
-        self._want_logits = np.ctypeslib.as_array(self._batch.logits, shape=(self._capacity,))
-        self._n_seq_id[:] = 1
+        self._batch = LlamaBatch(lib, self._capacity)
         self._logits_views: dict[int | None, HostLogits] = {}
         self._plans: dict[tuple[int, ...], list[list[tuple[int, int, int]]]] = {}
         self._passes: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, ...]] = {}
@@ -332,31 +328,19 @@ class LlamaCppRuntime(VocabularyMethods, ModelRuntime[HostLogits]):
 
     def _decode_one(self, chunks: Sequence[DecodeChunk]) -> HostLogits:
         """One llama_decode call; the logits rows asked for, in chunk order (a view of llama.cpp's buffer,
-        or a copy where the call's tokens were reordered).
-
-        The tokens go in sequence order: llama.cpp splits a call into one pass per run of consecutive
-        sequence ids (llama_cpp_passes.py), so sequences 1, 2, 3, 0 in that order would cost two passes."""
-        lib = self._lib
-        order = sorted(range(len(chunks)), key=lambda j: chunks[j].seq_id)
-        i = 0
-        for c in (chunks[j] for j in order):
-            n = len(c.tokens)
-            self._tokens[i : i + n] = c.tokens
-            self._pos[i : i + n] = np.arange(c.start_pos, c.start_pos + n)
-            self._want_logits[i : i + n] = 0
-            self._want_logits[i + n - c.num_logits : i + n] = 1 if c.num_logits else 0
-            for j in range(i, i + n):
-                self._batch.seq_id[j][0] = c.seq_id
-            i += n
-        self._batch.n_tokens = i
-        rc = lib.llama_decode(self._ctx, self._batch)
+        or a copy where the call's tokens were reordered: they go in sequence order, llama_cpp_batch.py)."""
+        order = self._batch.fill(chunks)
+        rc = self._lib.llama_decode(self._ctx, self._batch.batch)
         if rc != 0:
-            raise DecodeError(f"llama_decode failed with code {rc} (batch of {i} tokens; 1 = KV cache full)")
+            raise DecodeError(
+                f"llama_decode failed with code {rc} (batch of {self._batch.batch.n_tokens} tokens; "
+                "1 = KV cache full)"
+            )
         n_out = sum(c.num_logits for c in chunks)
         if n_out == 0:
             return np.empty((0, self.info.vocab_size), np.float32)
         logits = self._logits_view(n_out)
-        if order == sorted(order):
+        if order is None:
             return logits
         written = row_offsets([chunks[j].num_logits for j in order])  # rows in the order they were written
         start = dict(zip(order, written[:-1], strict=True))
@@ -419,7 +403,7 @@ class LlamaCppRuntime(VocabularyMethods, ModelRuntime[HostLogits]):
 
     def _release(self) -> None:
         self._closed = True
-        self._lib.llama_batch_free(self._batch)
+        self._batch.free()
         self._lib.llama_free(self._ctx)
         self._lib.llama_model_free(self._model)
 
