@@ -23,7 +23,6 @@ class LlamaBatch:
 
     def __init__(self, lib: Any, capacity: int) -> None:
         self._lib = lib
-        self.capacity = capacity
         self.batch = lib.llama_batch_init(capacity, 0, 1)
         self._tokens = np.ctypeslib.as_array(self.batch.token, shape=(capacity,))
         self._pos = np.ctypeslib.as_array(self.batch.pos, shape=(capacity,))
