@@ -21,6 +21,8 @@ Run from the repository root with specserve installed (``.venv/bin/python -m ben
   a model-free drafter and the cost policy on a fixed cost table (noise-free; a copy oracle as the bound);
   ``python -m benchmarks.agent_replay_waves --report R --costs C --concurrency 4``: the same, the traces
   decoding side by side in waves as the bench sends them, every step priced as llama.cpp's passes;
+  ``python -m benchmarks.agent_replay_policy --report R --costs C [--proof-ramp R] [--trace KIND]``: the
+  same replay under a variant of the cost policy, or with every draft of one trace kind listed;
 * ``python -m benchmarks.depth_cost``: a target pass of n rows after d cached tokens, beside the cost table;
 * ``python -m benchmarks.step_log_pricing --costs C LOG…``: a served run's step log (``--step-log``) replayed
   through the cost table as the engine refines it: measured / priced per band of verified rows.

@@ -225,31 +225,43 @@ def chosen_drafter(args: argparse.Namespace, oracle: CopyOracle) -> Drafter:
     return drafters[args.drafter]
 
 
-def print_result(args: argparse.Namespace, by_kind: dict[str, list[dict[str, float]]]) -> None:
+def print_result(args: argparse.Namespace, by_kind: dict[str, list[dict[str, float]]], **extra: Any) -> None:
     result = {
         "machine": cpu_model(),  # where the drafter ran; the target's time is the table's
         "settings": {k: str(v) for k, v in vars(args).items()},
         "kinds": {kind: summary(rows) for kind, rows in by_kind.items()},
         "all": summary([r for rows in by_kind.values() for r in rows]),
+        **extra,
     }
     print(json.dumps(result, indent=1))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = arguments("python -m benchmarks.agent_replay", __doc__.split("\n\n")[0])
+def key_ms_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--key-ms", type=float, default=0.0, help="ms per row per 1,000 cached positions")
-    args = parser.parse_args(argv)
-    turns = recorded_turns(parser, args)
+
+
+def run(
+    args: argparse.Namespace, policy: CostAwarePolicy, turns: list[Turn]
+) -> dict[str, list[dict[str, float]]]:
+    """Every recorded turn replayed in the run's order through one drafter and ``policy``, by trace kind;
+    turn ``i`` is request ``str(i)`` (``args`` with ``--key-ms``: ``key_ms_argument``)."""
     oracle = CopyOracle()
     drafter = chosen_drafter(args, oracle)
-    policy = CostAwarePolicy(CostModel(load_costs(args.costs)))
     by_kind: dict[str, list[dict[str, float]]] = {}
     for i, (kind, _, _, prompt, answer, reason) in enumerate(turns):
         oracle.expect(str(i), prompt, answer)
         key_seconds, limit = args.key_ms / 1e6, args.num_draft_tokens
         row = replay(drafter, policy, key_seconds, prompt, answer, limit, str(i), reason)
         by_kind.setdefault(kind, []).append(row)
-    print_result(args, by_kind)
+    return by_kind
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = arguments("python -m benchmarks.agent_replay", __doc__.split("\n\n")[0])
+    key_ms_argument(parser)
+    args = parser.parse_args(argv)
+    policy = CostAwarePolicy(CostModel(load_costs(args.costs)))
+    print_result(args, run(args, policy, recorded_turns(parser, args)))
     return 0
 
 

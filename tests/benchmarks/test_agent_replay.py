@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from types import ModuleType
@@ -10,7 +11,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from benchmarks import agent_replay, agent_replay_waves
+from benchmarks import agent_replay, agent_replay_policy, agent_replay_waves
+from specserve.drafters.base import DraftOption
+from specserve.drafters.ngram import NgramDrafter
+from specserve.engine.builder import flat_costs
+from specserve.engine.cost_model import CostModel
+from specserve.engine.cost_policy import CostAwarePolicy
 from specserve.tools.loadgen.agent import agent_traces
 from support.tiny_models import TinyModels
 
@@ -95,6 +101,33 @@ def test_waves_of_one_replay_as_the_requests_one_at_a_time(
         for key in ("tokens", "steps", "drafts", "drafted", "accepted"):
             assert waves[kind][key] == row[key], (kind, key)
         assert waves[kind]["speedup"] == pytest.approx(row["speedup"], abs=0.01)
+
+
+def test_the_policy_tool_replays_the_engine_policy_and_lists_one_kinds_drafts(
+    tiny_models: TinyModels, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    alone = replay(tmp_path, tiny_models, capsys)["kinds"]
+    traced = replay(tmp_path, tiny_models, capsys, "--trace", "repeat-task", tool=agent_replay_policy)
+    for kind, row in alone.items():  # no --proof-ramp: the engine's own policy, the same drafts
+        for key in ("tokens", "steps", "drafts", "drafted", "accepted"):
+            assert traced["kinds"][kind][key] == row[key], (kind, key)
+    drafts = traced["trace"]
+    assert len(drafts) == alone["repeat-task"]["drafts"]
+    assert sum(d["accepted"] for d in drafts) == alone["repeat-task"]["accepted"]
+    assert all(len(d["estimates"]) == d["drafted"] for d in drafts)
+
+
+def test_a_proof_ramp_lets_a_trusted_draft_grow_only_with_the_requests_accepted_tokens() -> None:
+    policy = agent_replay_policy.RampProofPolicy(CostModel(flat_costs()), ramp=2.0)
+    option = DraftOption(8, "match<=16")
+    trusted = agent_replay_policy._RampOffer(NgramDrafter(), option, 0.9, 1.0, True, own_accepted=2.0)
+    headroom = 0.5  # seconds: less than one extra verify row costs on the flat table (1 s)
+    assert policy._candidate(trusted, 4, headroom, plain=False) is not None  # 4 <= 2 x 2 accepted
+    assert policy._candidate(trusted, 5, headroom, plain=False) is None  # beyond the ramp: must fit
+    grown = dataclasses.replace(trusted, own_accepted=3.0)
+    assert policy._candidate(grown, 6, headroom, plain=False) is not None
+    engine = CostAwarePolicy(CostModel(flat_costs()))  # the engine's rule: a trusted draft is not capped
+    assert engine._candidate(trusted, 8, headroom, plain=False) is not None
 
 
 def test_at_concurrency_four_copies_still_pay_and_their_batch_mates_pay_for_them(

@@ -4,8 +4,8 @@ A call's tokens go in sequence order: llama.cpp splits a call into one pass per 
 ids (llama_cpp_passes.py), so sequences 1, 2, 3, 0 in that order would cost two passes. The batch is
 filled with one numpy assignment per field (tokens, positions, which rows want logits) from Python lists,
 and a row's sequence id is written through ctypes only where it changed since the last call: at one
-stream a plain step is one token, and its fill was 10 us of numpy calls and ctypes writes around a
-llama_decode of the tiny model's 120 us (AMD EPYC Zen 4).
+stream a plain step is one token, and a fill of several numpy calls and a ctypes write per token cost
+about 5 us of a tiny model's step (AMD EPYC Zen 4; docs/BENCHMARKS.md, the host path on Zen 4 again).
 """
 
 from __future__ import annotations
